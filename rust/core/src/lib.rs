@@ -1,0 +1,27 @@
+//! shardstream-core: exact, resumable streaming of Parquet shards.
+//!
+//! The data path, one module per concept:
+//! - [`catalog`]: resolve sources, read footers once, check schemas, fingerprint the shard set.
+//! - [`plan`]: the order of an epoch (row groups, permuted per epoch) cut into slots.
+//! - [`reader`]: read a run of rows of one row group — where resume seeks.
+//! - [`shuffle`]: the row-level shuffle buffer's decisions, shared by data and coordinate paths.
+//! - [`rng`]: the portable PRNG and key derivation (pinned by a golden test).
+//! - [`state`]: a slot's position in row coordinates and the checks a loaded state must pass.
+//! - [`stream`]: one slot's batches across epochs, tying the above together.
+//!
+//! No Python here: the bindings crate (`rust/python`) only converts types and errors.
+
+pub mod catalog;
+pub mod error;
+pub mod plan;
+pub mod reader;
+pub mod rng;
+pub mod shuffle;
+pub mod state;
+pub mod stream;
+
+pub use catalog::{Catalog, Fingerprint, Shard};
+pub use error::{Error, Result};
+pub use plan::Slot;
+pub use state::SlotState;
+pub use stream::{Stream, StreamOptions};

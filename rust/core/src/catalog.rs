@@ -1,0 +1,378 @@
+//! The shard catalog: which files make up the dataset, and what their footers say.
+//!
+//! Opening a catalog resolves the sources (files, directories, globs) to a sorted list of Parquet
+//! files, reads every footer once (with the offset index when the file has one: that is what
+//! lets a resume skip pages without decoding them), checks that the shards agree on the schema of
+//! the requested columns, and computes the fingerprint that a saved state is checked against.
+//! Everything later (plan, reader) works from this in-memory metadata and never re-reads a footer.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::PageIndexPolicy;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// One row group of one shard.
+#[derive(Debug, Clone)]
+pub struct RowGroupInfo {
+    pub num_rows: u64,
+    /// Index of the row group's first row within its shard.
+    pub first_row: u64,
+    /// Byte offset of the row group's first page in the file (what a seek reads first).
+    pub byte_offset: u64,
+    pub compressed_bytes: u64,
+}
+
+/// One Parquet file.
+#[derive(Debug)]
+pub struct Shard {
+    pub path: PathBuf,
+    /// Path relative to the catalog root; what the fingerprint hashes, so a moved dataset still
+    /// matches its checkpoints.
+    pub rel_path: String,
+    pub size: u64,
+    pub num_rows: u64,
+    /// Global row id of this shard's first row (shards are numbered in path order).
+    pub first_row: u64,
+    pub row_groups: Vec<RowGroupInfo>,
+    pub has_offset_index: bool,
+    pub(crate) meta: ArrowReaderMetadata,
+    /// Projection of the requested columns in this file's own column order.
+    pub(crate) mask: ProjectionMask,
+    /// For each requested column, its position among the projected columns of this file.
+    pub(crate) reorder: Vec<usize>,
+}
+
+/// A digest of the shard set: what a saved state must match to be loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub shards: u64,
+    pub rows: u64,
+    /// SHA-256 (hex, truncated to 16 bytes) over the relative paths.
+    pub paths: String,
+    /// SHA-256 (hex, truncated) over paths, sizes and row-group row counts.
+    pub content: String,
+}
+
+/// The dataset's shards, their footers and the projected output schema.
+#[derive(Debug)]
+pub struct Catalog {
+    shards: Vec<Shard>,
+    schema: SchemaRef,
+    total_rows: u64,
+    root: PathBuf,
+    fingerprint: Fingerprint,
+}
+
+impl Catalog {
+    /// Resolve `sources` and read every footer. `columns = None` selects every column of the
+    /// first shard (and then requires every shard to have exactly those columns).
+    pub fn open(sources: &[String], columns: Option<&[String]>) -> Result<Self> {
+        let paths = resolve_sources(sources)?;
+        let root = common_root(&paths);
+        let mut shards = Vec::with_capacity(paths.len());
+        let mut first_row = 0u64;
+        for path in paths {
+            let shard = read_footer(&path, &root, first_row)?;
+            first_row += shard.num_rows;
+            shards.push(shard);
+        }
+        let schema = project(&mut shards, columns)?;
+        let fingerprint = fingerprint(&shards);
+        Ok(Catalog {
+            shards,
+            schema,
+            total_rows: first_row,
+            root,
+            fingerprint,
+        })
+    }
+
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    pub fn shard(&self, i: usize) -> &Shard {
+        &self.shards[i]
+    }
+
+    /// Output schema: the requested columns in the requested order.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    pub fn total_rows(&self) -> u64 {
+        self.total_rows
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
+    /// Map a global row id to (shard, row group, row within the row group).
+    pub fn locate(&self, row: u64) -> Option<(usize, usize, u64)> {
+        if row >= self.total_rows {
+            return None;
+        }
+        let s = self.shards.partition_point(|sh| sh.first_row + sh.num_rows <= row);
+        let shard = &self.shards[s];
+        let within = row - shard.first_row;
+        let g = shard
+            .row_groups
+            .partition_point(|rg| rg.first_row + rg.num_rows <= within);
+        Some((s, g, within - shard.row_groups[g].first_row))
+    }
+}
+
+fn has_glob_chars(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// Expand files, directories (every `*.parquet` below, recursively) and globs into a sorted,
+/// de-duplicated list of absolute file paths. Anything that names nothing is an error naming it.
+pub fn resolve_sources(sources: &[String]) -> Result<Vec<PathBuf>> {
+    if sources.is_empty() {
+        return Err(Error::Config("no source given: pass a file, directory or glob".into()));
+    }
+    let mut out = BTreeSet::new();
+    for src in sources {
+        let before = out.len();
+        if has_glob_chars(src) {
+            let entries = glob::glob(src).map_err(|e| Error::Config(format!("bad glob {src:?}: {e}")))?;
+            for entry in entries {
+                let p = entry.map_err(|e| Error::io(e.path(), std::io::Error::other(e.to_string())))?;
+                if p.is_dir() {
+                    walk_dir(&p, &mut out)?;
+                } else {
+                    out.insert(absolute(&p)?);
+                }
+            }
+            if out.len() == before {
+                return Err(Error::NotFound {
+                    path: src.clone(),
+                    what: "no files match the glob".into(),
+                });
+            }
+        } else {
+            let p = Path::new(src);
+            let meta = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
+            if meta.is_dir() {
+                walk_dir(p, &mut out)?;
+                if out.len() == before {
+                    return Err(Error::NotFound {
+                        path: src.clone(),
+                        what: "no *.parquet files under the directory".into(),
+                    });
+                }
+            } else {
+                out.insert(absolute(p)?);
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).map_err(|e| Error::io(p, e))
+}
+
+fn walk_dir(dir: &Path, out: &mut BTreeSet<PathBuf>) -> Result<()> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let path = entry.path();
+        let ft = entry.file_type().map_err(|e| Error::io(&path, e))?;
+        if ft.is_dir() || (ft.is_symlink() && path.is_dir()) {
+            walk_dir(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "parquet") {
+            out.insert(absolute(&path)?);
+        }
+    }
+    Ok(())
+}
+
+/// The deepest directory containing every shard.
+fn common_root(paths: &[PathBuf]) -> PathBuf {
+    let mut root: PathBuf = match paths.first().and_then(|p| p.parent()) {
+        Some(p) => p.to_path_buf(),
+        None => return PathBuf::new(),
+    };
+    for p in &paths[1..] {
+        while !p.starts_with(&root) {
+            if !root.pop() {
+                return PathBuf::new();
+            }
+        }
+    }
+    root
+}
+
+fn read_footer(path: &Path, root: &Path, first_row: u64) -> Result<Shard> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    // Only the offset index is needed to skip pages on seek; the column index (statistics) is not.
+    let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+    let meta = ArrowReaderMetadata::load(&file, options)
+        .map_err(|e| Error::shard(path, format!("not a readable Parquet file: {e}")))?;
+    let md = meta.metadata();
+    let mut row_groups = Vec::with_capacity(md.num_row_groups());
+    let mut rows = 0u64;
+    for rg in md.row_groups() {
+        let n = u64::try_from(rg.num_rows())
+            .map_err(|_| Error::shard(path, format!("row group with negative row count {}", rg.num_rows())))?;
+        let byte_offset = rg
+            .columns()
+            .iter()
+            .map(|c| c.dictionary_page_offset().unwrap_or(c.data_page_offset()))
+            .min()
+            .unwrap_or(0)
+            .max(0) as u64;
+        row_groups.push(RowGroupInfo {
+            num_rows: n,
+            first_row: rows,
+            byte_offset,
+            compressed_bytes: rg.compressed_size().max(0) as u64,
+        });
+        rows += n;
+    }
+    let footer_rows = md.file_metadata().num_rows();
+    if footer_rows >= 0 && footer_rows as u64 != rows {
+        return Err(Error::shard(
+            path,
+            format!("footer says {footer_rows} rows but its row groups hold {rows}"),
+        ));
+    }
+    let has_offset_index = md.offset_index().is_some_and(|oi| !oi.is_empty());
+    let rel_path = path
+        .strip_prefix(root)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .replace('\\', "/");
+    Ok(Shard {
+        path: path.to_path_buf(),
+        rel_path,
+        size,
+        num_rows: rows,
+        first_row,
+        row_groups,
+        has_offset_index,
+        mask: ProjectionMask::all(),
+        reorder: Vec::new(),
+        meta,
+    })
+}
+
+/// Check the shards agree on the requested columns and compute each shard's projection.
+/// Returns the output schema (requested order; a column is nullable if it is in any shard).
+fn project(shards: &mut [Shard], columns: Option<&[String]>) -> Result<SchemaRef> {
+    let Some(first) = shards.first() else {
+        return Ok(Arc::new(Schema::empty()));
+    };
+    let first_schema = first.meta.schema().clone();
+    let first_path = first.path.display().to_string();
+    let names: Vec<String> = match columns {
+        Some(cols) => {
+            let mut seen = BTreeSet::new();
+            for c in cols {
+                if !seen.insert(c) {
+                    return Err(Error::Schema(format!("column {c:?} requested twice")));
+                }
+            }
+            cols.to_vec()
+        }
+        None => first_schema.fields().iter().map(|f| f.name().clone()).collect(),
+    };
+    let mut fields: Vec<Field> = Vec::with_capacity(names.len());
+    for name in &names {
+        let f = first_schema.field_with_name(name).map_err(|_| {
+            Error::Schema(format!(
+                "unknown column {name:?}: {first_path} has columns {:?}",
+                first_schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+            ))
+        })?;
+        fields.push(f.as_ref().clone().with_metadata(Default::default()));
+    }
+    for shard in shards.iter_mut() {
+        let schema = shard.meta.schema().clone();
+        let path = shard.path.display().to_string();
+        if columns.is_none() {
+            if let Some(extra) = schema.fields().iter().find(|f| !names.contains(f.name())) {
+                return Err(Error::Schema(format!(
+                    "incompatible shards: column {:?} is in {path} but not in {first_path} \
+                     (pass columns=[...] to read only the shared columns)",
+                    extra.name()
+                )));
+            }
+        }
+        let mut roots = Vec::with_capacity(names.len());
+        for (name, field) in names.iter().zip(fields.iter_mut()) {
+            let (idx, f) = schema.column_with_name(name).ok_or_else(|| {
+                Error::Schema(format!(
+                    "incompatible shards: column {name:?} is in {first_path} but missing from {path}"
+                ))
+            })?;
+            if !same_type(f.data_type(), field.data_type()) {
+                return Err(Error::Schema(format!(
+                    "incompatible shards: column {name:?} is {} in {first_path} but {} in {path}",
+                    field.data_type(),
+                    f.data_type()
+                )));
+            }
+            if f.is_nullable() && !field.is_nullable() {
+                *field = field.clone().with_nullable(true);
+            }
+            roots.push(idx);
+        }
+        let mut sorted = roots.clone();
+        sorted.sort_unstable();
+        shard.reorder = roots
+            .iter()
+            .map(|r| sorted.binary_search(r).expect("root is in the sorted list"))
+            .collect();
+        shard.mask = ProjectionMask::roots(shard.meta.parquet_schema(), sorted);
+    }
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+/// Types must match exactly (including nested field names): batches from different shards are
+/// gathered into one output batch, which needs one schema.
+fn same_type(a: &DataType, b: &DataType) -> bool {
+    a == b
+}
+
+fn hex16(bytes: &[u8]) -> String {
+    bytes[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn fingerprint(shards: &[Shard]) -> Fingerprint {
+    let mut paths = Sha256::new();
+    let mut content = Sha256::new();
+    for s in shards {
+        paths.update(s.rel_path.as_bytes());
+        paths.update([0u8]);
+        content.update(s.rel_path.as_bytes());
+        content.update([0u8]);
+        content.update(s.size.to_le_bytes());
+        content.update((s.row_groups.len() as u64).to_le_bytes());
+        for rg in &s.row_groups {
+            content.update(rg.num_rows.to_le_bytes());
+        }
+    }
+    Fingerprint {
+        shards: shards.len() as u64,
+        rows: shards.iter().map(|s| s.num_rows).sum(),
+        paths: hex16(&paths.finalize()),
+        content: hex16(&content.finalize()),
+    }
+}

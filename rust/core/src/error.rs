@@ -1,0 +1,63 @@
+//! One error enum for the whole core. The bindings map each variant to exactly one Python
+//! exception type (see `rust/python/src/error.rs`), so every message here names the file, field or
+//! setting it is about: that text is what a user sees in their traceback.
+
+/// Everything that can go wrong in the core.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A source path, directory or glob that names no Parquet file.
+    #[error("{what}: {path}")]
+    NotFound { path: String, what: String },
+
+    /// An OS-level I/O failure on a file we know exists.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A file that is not readable Parquet: not Parquet at all, truncated, corrupt footer or pages.
+    #[error("{path}: {message}")]
+    Shard { path: String, message: String },
+
+    /// Shards whose schemas disagree, or a requested column that does not exist.
+    #[error("{0}")]
+    Schema(String),
+
+    /// A saved state that does not belong to this dataset or is malformed.
+    #[error("{0}")]
+    State(String),
+
+    /// An invalid setting (e.g. zero slots).
+    #[error("{0}")]
+    Config(String),
+
+    /// A bug in shardstream (e.g. a panic caught at the FFI boundary). Never expected.
+    #[error("internal error (please report): {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn shard(path: &std::path::Path, message: impl std::fmt::Display) -> Self {
+        Error::Shard {
+            path: path.display().to_string(),
+            message: message.to_string(),
+        }
+    }
+
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return Error::NotFound {
+                path: path.display().to_string(),
+                what: "no such file".into(),
+            };
+        }
+        Error::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The iteration plan: which rows an epoch visits, in which order, and which of them each slot
+//! reads.
+//!
+//! Design: the unit of ordering is the row group ("unit"). An epoch is the concatenation of all
+//! non-empty row groups, in catalog order without shuffle or in a seeded per-epoch permutation
+//! with shuffle. Every row thus has a *position* in the epoch (0..total). The positions are cut
+//! into `count` contiguous ranges, one per slot (a (rank, worker) pair), balanced to within one
+//! row; a range may start or end inside a row group, which the reader handles with a row
+//! selection. All slots compute the same permutation from the same seed, so their ranges are
+//! disjoint and together cover the epoch exactly once, without any communication.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::rng::{derive_key, permute, Prng};
+
+/// One (rank, worker) reader: `index` of `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Slot {
+    pub fn new(index: u32, count: u32) -> Result<Self> {
+        if count == 0 || index >= count {
+            return Err(Error::Config(format!("slot {index} of {count} is not a valid slot")));
+        }
+        Ok(Slot { index, count })
+    }
+
+    /// This slot's positions in an epoch of `total` rows.
+    pub fn range(&self, total: u64) -> Range<u64> {
+        let at = |i: u32| ((total as u128 * i as u128) / self.count as u128) as u64;
+        at(self.index)..at(self.index + 1)
+    }
+}
+
+/// A non-empty row group: the unit the epoch order permutes.
+#[derive(Debug, Clone, Copy)]
+pub struct Unit {
+    pub shard: u32,
+    pub row_group: u32,
+    pub rows: u64,
+    /// Global row id of the unit's first row.
+    pub first_row: u64,
+}
+
+/// All non-empty row groups in catalog order (sorted by `first_row`).
+pub fn units(catalog: &Catalog) -> Arc<Vec<Unit>> {
+    let mut out = Vec::new();
+    for (s, shard) in catalog.shards().iter().enumerate() {
+        for (g, rg) in shard.row_groups.iter().enumerate() {
+            if rg.num_rows > 0 {
+                out.push(Unit {
+                    shard: s as u32,
+                    row_group: g as u32,
+                    rows: rg.num_rows,
+                    first_row: shard.first_row + rg.first_row,
+                });
+            }
+        }
+    }
+    Arc::new(out)
+}
+
+/// A contiguous run of rows inside one row group, in epoch order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub shard: usize,
+    pub row_group: usize,
+    /// First row to read, relative to the row group.
+    pub start: u64,
+    pub len: u64,
+    /// Global row id of the first row read.
+    pub first_row: u64,
+}
+
+/// The order of one epoch.
+#[derive(Debug)]
+pub struct EpochPlan {
+    pub epoch: u64,
+    units: Arc<Vec<Unit>>,
+    order: Vec<u32>,
+    /// `cum[i]` = rows before `order[i]`; one longer than `order`.
+    cum: Vec<u64>,
+}
+
+impl EpochPlan {
+    pub fn new(units: Arc<Vec<Unit>>, seed: u64, epoch: u64, shuffle: bool) -> Self {
+        let mut order: Vec<u32> = (0..units.len() as u32).collect();
+        if shuffle {
+            let mut rng = Prng::new(derive_key("unit-order", &[seed, epoch]));
+            permute(&mut order, &mut rng);
+        }
+        let mut cum = Vec::with_capacity(order.len() + 1);
+        let mut acc = 0u64;
+        cum.push(0);
+        for &u in &order {
+            acc += units[u as usize].rows;
+            cum.push(acc);
+        }
+        EpochPlan {
+            epoch,
+            units,
+            order,
+            cum,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        *self.cum.last().unwrap_or(&0)
+    }
+
+    /// (index into the order, row offset inside that unit) of an epoch position.
+    fn find(&self, pos: u64) -> (usize, u64) {
+        let i = self.cum.partition_point(|&c| c <= pos) - 1;
+        (i, pos - self.cum[i])
+    }
+
+    /// Global row id at an epoch position.
+    pub fn row_at(&self, pos: u64) -> u64 {
+        let (i, off) = self.find(pos);
+        self.units[self.order[i] as usize].first_row + off
+    }
+
+    /// The segments covering positions `range`, in order.
+    pub fn segments(&self, range: Range<u64>) -> Vec<Segment> {
+        let mut out = Vec::new();
+        if range.start >= range.end {
+            return out;
+        }
+        let (mut i, mut off) = self.find(range.start);
+        let mut pos = range.start;
+        while pos < range.end {
+            let u = self.units[self.order[i] as usize];
+            let len = (u.rows - off).min(range.end - pos);
+            out.push(Segment {
+                shard: u.shard as usize,
+                row_group: u.row_group as usize,
+                start: off,
+                len,
+                first_row: u.first_row + off,
+            });
+            pos += len;
+            i += 1;
+            off = 0;
+        }
+        out
+    }
+
+    /// Epoch positions of global row ids (`None` for an id outside the dataset). Used to check
+    /// that a loaded state's buffered rows really were consumed by its slot.
+    pub fn positions_of(&self, rows: &[u64]) -> Vec<Option<u64>> {
+        let mut inv = vec![0u32; self.order.len()];
+        for (i, &u) in self.order.iter().enumerate() {
+            inv[u as usize] = i as u32;
+        }
+        rows.iter()
+            .map(|&r| {
+                let u = self.units.partition_point(|x| x.first_row + x.rows <= r);
+                let unit = self.units.get(u)?;
+                if r < unit.first_row {
+                    return None;
+                }
+                Some(self.cum[inv[u] as usize] + (r - unit.first_row))
+            })
+            .collect()
+    }
+}
+
+/// Walks global row ids of consecutive epoch positions without touching data; the
+/// coordinate-only twin of the reader, used to advance a state without reading.
+pub struct PlanCursor<'a> {
+    plan: &'a EpochPlan,
+    idx: usize,
+    off: u64,
+}
+
+impl<'a> PlanCursor<'a> {
+    pub fn new(plan: &'a EpochPlan, pos: u64) -> Self {
+        if pos >= plan.total() {
+            return PlanCursor {
+                plan,
+                idx: plan.order.len(),
+                off: 0,
+            };
+        }
+        let (idx, off) = plan.find(pos);
+        PlanCursor { plan, idx, off }
+    }
+
+    /// The next row id. The caller bounds the walk by its slot range.
+    pub fn next_row(&mut self) -> u64 {
+        let u = self.plan.units[self.plan.order[self.idx] as usize];
+        let r = u.first_row + self.off;
+        self.off += 1;
+        if self.off == u.rows {
+            self.idx += 1;
+            self.off = 0;
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn mk_units(sizes: &[u64]) -> Arc<Vec<Unit>> {
+        let mut first = 0;
+        Arc::new(
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let u = Unit {
+                        shard: 0,
+                        row_group: i as u32,
+                        rows: n,
+                        first_row: first,
+                    };
+                    first += n;
+                    u
+                })
+                .collect(),
+        )
+    }
+
+    proptest! {
+        /// Slots partition every epoch: disjoint, covering, balanced within one row.
+        #[test]
+        fn slots_partition_the_epoch(sizes in proptest::collection::vec(1u64..50, 0..20),
+                                     count in 1u32..9, seed in any::<u64>(), shuffle in any::<bool>()) {
+            let plan = EpochPlan::new(mk_units(&sizes), seed, 3, shuffle);
+            let total: u64 = sizes.iter().sum();
+            prop_assert_eq!(plan.total(), total);
+            let mut seen = vec![0u8; total as usize];
+            let mut lens = Vec::new();
+            for i in 0..count {
+                let r = Slot::new(i, count).unwrap().range(total);
+                lens.push(r.end - r.start);
+                let segs = plan.segments(r.clone());
+                prop_assert_eq!(segs.iter().map(|s| s.len).sum::<u64>(), r.end - r.start);
+                let mut cur = PlanCursor::new(&plan, r.start);
+                for s in &segs {
+                    for k in 0..s.len {
+                        let row = cur.next_row();
+                        prop_assert_eq!(row, s.first_row + k);
+                        seen[row as usize] += 1;
+                    }
+                }
+            }
+            prop_assert!(seen.iter().all(|&c| c == 1));
+            let (mn, mx) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
+            prop_assert!(mx - mn <= 1);
+        }
+
+        #[test]
+        fn positions_invert_row_at(sizes in proptest::collection::vec(1u64..30, 1..10), seed in any::<u64>()) {
+            let plan = EpochPlan::new(mk_units(&sizes), seed, 0, true);
+            let rows: Vec<u64> = (0..plan.total()).map(|p| plan.row_at(p)).collect();
+            let pos = plan.positions_of(&rows);
+            for (p, got) in pos.iter().enumerate() {
+                prop_assert_eq!(*got, Some(p as u64));
+            }
+            prop_assert_eq!(plan.positions_of(&[plan.total()]), vec![None]);
+        }
+    }
+
+    #[test]
+    fn shuffle_depends_on_epoch_and_seed() {
+        let u = mk_units(&[1; 50]);
+        let a: Vec<u64> = (0..50).map(|p| EpochPlan::new(u.clone(), 1, 0, true).row_at(p)).collect();
+        let b: Vec<u64> = (0..50).map(|p| EpochPlan::new(u.clone(), 1, 1, true).row_at(p)).collect();
+        let c: Vec<u64> = (0..50).map(|p| EpochPlan::new(u.clone(), 2, 0, true).row_at(p)).collect();
+        let plain: Vec<u64> = (0..50).collect();
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, plain);
+        let d: Vec<u64> = (0..50).map(|p| EpochPlan::new(u.clone(), 1, 0, false).row_at(p)).collect();
+        assert_eq!(d, plain);
+    }
+}

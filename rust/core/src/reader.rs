@@ -1,0 +1,145 @@
+//! Reading rows: where resume seeks.
+//!
+//! Every read goes through one row group of one shard with a `RowSelection` (skip `start`, select
+//! `len`). With the file's offset index (loaded once in the catalog), the parquet reader drops the
+//! pages before `start` without reading or decompressing them and decodes only from the page
+//! holding row `start`; without one it still skips rows but must read page headers. Either way no
+//! row before the resume point is ever handed to the caller, and the cost of a seek does not grow
+//! with the position.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
+
+use crate::catalog::{Catalog, Shard};
+use crate::error::{Error, Result};
+use crate::plan::Segment;
+
+/// Reads one [`Segment`] as record batches in the catalog's output schema.
+pub struct SegmentReader {
+    catalog: Arc<Catalog>,
+    shard: usize,
+    row_group: usize,
+    inner: ParquetRecordBatchReader,
+    next_row: u64,
+    remaining: u64,
+}
+
+impl SegmentReader {
+    pub fn open(catalog: Arc<Catalog>, seg: &Segment, batch_rows: usize) -> Result<Self> {
+        let selection = vec![RowSelector::skip(seg.start as usize), RowSelector::select(seg.len as usize)];
+        let shard = catalog.shard(seg.shard);
+        let inner = open_row_group(shard, seg.row_group, selection, batch_rows)?;
+        Ok(SegmentReader {
+            shard: seg.shard,
+            catalog,
+            row_group: seg.row_group,
+            inner,
+            next_row: seg.first_row,
+            remaining: seg.len,
+        })
+    }
+
+    /// The next batch and the global row id of its first row; `None` once the segment is done.
+    pub fn next_batch(&mut self) -> Result<Option<(u64, RecordBatch)>> {
+        if self.remaining == 0 {
+            return Ok(None);
+        }
+        let shard = self.catalog.shard(self.shard);
+        let batch = match self.inner.next() {
+            Some(b) => b.map_err(|e| Error::shard(&shard.path, format!("row group {}: {e}", self.row_group)))?,
+            None => {
+                return Err(Error::shard(
+                    &shard.path,
+                    format!("row group {} ended {} rows early", self.row_group, self.remaining),
+                ))
+            }
+        };
+        let n = batch.num_rows() as u64;
+        if n == 0 || n > self.remaining {
+            return Err(Error::shard(
+                &shard.path,
+                format!("row group {} returned {n} rows where {} were left", self.row_group, self.remaining),
+            ));
+        }
+        let first = self.next_row;
+        self.next_row += n;
+        self.remaining -= n;
+        Ok(Some((first, to_output(&self.catalog, shard, batch)?)))
+    }
+}
+
+fn open_row_group(
+    shard: &Shard,
+    row_group: usize,
+    selection: Vec<RowSelector>,
+    batch_rows: usize,
+) -> Result<ParquetRecordBatchReader> {
+    let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+    ParquetRecordBatchReaderBuilder::new_with_metadata(file, shard.meta.clone())
+        .with_row_groups(vec![row_group])
+        .with_projection(shard.mask.clone())
+        .with_row_selection(RowSelection::from(selection))
+        .with_batch_size(batch_rows.max(1))
+        .build()
+        .map_err(|e| Error::shard(&shard.path, format!("row group {row_group}: {e}")))
+}
+
+/// Reorder a file's projected columns into the requested order under the output schema.
+fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
+    let cols = shard.reorder.iter().map(|&i| batch.column(i).clone()).collect();
+    RecordBatch::try_new(catalog.schema().clone(), cols)
+        .map_err(|e| Error::shard(&shard.path, format!("unexpected column data: {e}")))
+}
+
+/// Read arbitrary rows by global id (`rows` sorted ascending, unique): one read per row group
+/// touched, each selecting just the wanted rows. Returns batches whose rows, concatenated, are
+/// `rows` in order. Used to refill a shuffle buffer from a saved state.
+pub fn read_rows(catalog: &Catalog, rows: &[u64], batch_rows: usize) -> Result<Vec<RecordBatch>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < rows.len() {
+        let (s, g, _) = catalog
+            .locate(rows[i])
+            .ok_or_else(|| Error::State(format!("row id {} is outside the dataset", rows[i])))?;
+        let shard = catalog.shard(s);
+        let rg = &shard.row_groups[g];
+        let rg_first = shard.first_row + rg.first_row;
+        let rg_end = rg_first + rg.num_rows;
+        let j = i + rows[i..].partition_point(|&r| r < rg_end);
+        let mut selection = Vec::new();
+        let mut at = 0u64; // next row (relative to the row group) not yet covered by a selector
+        let mut k = i;
+        while k < j {
+            let start = rows[k] - rg_first;
+            let mut end = start + 1;
+            while k + 1 < j && rows[k + 1] == rows[k] + 1 {
+                k += 1;
+                end += 1;
+            }
+            if start > at {
+                selection.push(RowSelector::skip((start - at) as usize));
+            }
+            selection.push(RowSelector::select((end - start) as usize));
+            at = end;
+            k += 1;
+        }
+        let want = (j - i) as u64;
+        let mut got = 0u64;
+        for b in open_row_group(shard, g, selection, batch_rows)? {
+            let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
+            got += b.num_rows() as u64;
+            out.push(to_output(catalog, shard, b)?);
+        }
+        if got != want {
+            return Err(Error::shard(
+                &shard.path,
+                format!("row group {g}: asked for {want} rows, read {got}"),
+            ));
+        }
+        i = j;
+    }
+    Ok(out)
+}

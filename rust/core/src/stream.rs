@@ -1,0 +1,523 @@
+//! One slot's stream of output batches across epochs: plan + reader + shuffle buffer + state.
+//!
+//! Output rows come from two places: straight from the input (no shuffle; output batches are
+//! zero-copy slices of decoded batches, concatenated only where a batch spans a read boundary)
+//! or from the shuffle buffer, whose entries point into retained decoded batches; an output batch
+//! is gathered from them in one pass (`interleave_record_batch`). A decoded batch is dropped when
+//! its last buffered row leaves; when the retained batches hold much more than the buffer needs,
+//! the survivors are compacted into one batch so memory stays bounded by about
+//! `2 * shuffle_buffer + 2 * read_batch_rows` rows.
+//!
+//! The state is always the position after the last *emitted* row; after a restore the buffer's
+//! rows are re-read by id (hydration) before the next output.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_select::concat::concat_batches;
+use arrow_select::interleave::interleave_record_batch;
+
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::plan::{units, EpochPlan, PlanCursor, Slot, Unit};
+use crate::reader::{read_rows, SegmentReader};
+use crate::rng::{derive_key, Prng};
+use crate::shuffle::{Buffer, RowSource};
+use crate::state::SlotState;
+
+/// Settings that shape the stream (everything that must match for a state to load).
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    pub seed: u64,
+    /// 0 = no shuffle at all (shard order); n > 0 = permuted row groups + n-row buffer.
+    pub shuffle_buffer: usize,
+    /// First epoch of the pass.
+    pub first_epoch: u64,
+    /// Number of epochs in the pass; `None` = endless.
+    pub epochs: Option<u64>,
+    /// Rows per decoded batch (a tuning knob; does not change the stream).
+    pub read_batch_rows: usize,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            seed: 0,
+            shuffle_buffer: 0,
+            first_epoch: 0,
+            epochs: Some(1),
+            read_batch_rows: 8192,
+        }
+    }
+}
+
+/// Where a buffered row's data is: a slab entry and a row in it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Loc {
+    batch: u32,
+    row: u32,
+}
+
+/// Decoded batches that buffered rows point into, with reference counts.
+#[derive(Default)]
+struct Slab {
+    batches: Vec<Option<RecordBatch>>,
+    refs: Vec<u32>,
+    free: Vec<u32>,
+    live_rows: usize,
+}
+
+impl Slab {
+    fn insert(&mut self, b: RecordBatch, refs: u32) -> u32 {
+        self.live_rows += b.num_rows();
+        match self.free.pop() {
+            Some(i) => {
+                self.batches[i as usize] = Some(b);
+                self.refs[i as usize] = refs;
+                i
+            }
+            None => {
+                self.batches.push(Some(b));
+                self.refs.push(refs);
+                (self.batches.len() - 1) as u32
+            }
+        }
+    }
+
+    fn release(&mut self, i: u32) {
+        let r = &mut self.refs[i as usize];
+        *r -= 1;
+        if *r == 0 {
+            if let Some(b) = self.batches[i as usize].take() {
+                self.live_rows -= b.num_rows();
+            }
+            self.free.push(i);
+        }
+    }
+
+    /// Gather rows into one batch.
+    fn gather(&self, schema: &arrow_schema::SchemaRef, locs: &[Loc]) -> Result<RecordBatch> {
+        let mut index_of = vec![usize::MAX; self.batches.len()];
+        let mut refs: Vec<&RecordBatch> = Vec::new();
+        for l in locs {
+            let slot = &mut index_of[l.batch as usize];
+            if *slot == usize::MAX {
+                *slot = refs.len();
+                refs.push(self.batches[l.batch as usize].as_ref().expect("live batch"));
+            }
+        }
+        if refs.is_empty() {
+            return Ok(RecordBatch::new_empty(schema.clone()));
+        }
+        let idx: Vec<(usize, usize)> = locs.iter().map(|l| (index_of[l.batch as usize], l.row as usize)).collect();
+        interleave_record_batch(&refs, &idx).map_err(|e| Error::Internal(format!("gather: {e}")))
+    }
+}
+
+/// Sequential reader over the rest of a slot's range.
+struct Input {
+    catalog: Arc<Catalog>,
+    segments: VecDeque<crate::plan::Segment>,
+    reader: Option<SegmentReader>,
+    batch: Option<RecordBatch>,
+    first_row: u64,
+    offset: usize,
+    /// Slab entry holding `batch` (shuffle path only); pinned with one extra reference.
+    pinned: Option<u32>,
+    batch_rows: usize,
+}
+
+impl Input {
+    fn new(catalog: Arc<Catalog>, plan: &EpochPlan, range: Range<u64>, batch_rows: usize) -> Self {
+        Input {
+            segments: plan.segments(range).into(),
+            catalog,
+            reader: None,
+            batch: None,
+            first_row: 0,
+            offset: 0,
+            pinned: None,
+            batch_rows,
+        }
+    }
+
+    /// Make sure `batch` has a row left; the caller never asks past the slot's range.
+    fn fill(&mut self) -> Result<bool> {
+        while self.batch.as_ref().is_none_or(|b| self.offset >= b.num_rows()) {
+            if let Some(r) = self.reader.as_mut() {
+                if let Some((first, b)) = r.next_batch()? {
+                    self.batch = Some(b);
+                    self.first_row = first;
+                    self.offset = 0;
+                    return Ok(true);
+                }
+            }
+            match self.segments.pop_front() {
+                Some(seg) => self.reader = Some(SegmentReader::open(self.catalog.clone(), &seg, self.batch_rows)?),
+                None => return Err(Error::Internal("input read past the end of the slot".into())),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Up to `max` rows from the current batch, as a zero-copy slice.
+    fn take(&mut self, max: usize) -> Result<RecordBatch> {
+        self.fill()?;
+        let b = self.batch.as_ref().expect("filled");
+        let n = max.min(b.num_rows() - self.offset);
+        let out = b.slice(self.offset, n);
+        self.offset += n;
+        Ok(out)
+    }
+}
+
+/// Input rows for the buffer, with their data pinned in the slab.
+struct DataRows<'a> {
+    input: &'a mut Input,
+    slab: &'a mut Slab,
+}
+
+impl RowSource for DataRows<'_> {
+    type Data = Loc;
+    fn next_row(&mut self) -> Result<(u64, Loc)> {
+        if self.input.fill()? {
+            if let Some(old) = self.input.pinned.take() {
+                self.slab.release(old);
+            }
+            let b = self.input.batch.clone().expect("filled");
+            self.input.pinned = Some(self.slab.insert(b, 1));
+        }
+        let id = self.input.pinned.expect("pinned");
+        let row = self.input.offset;
+        self.input.offset += 1;
+        self.slab.refs[id as usize] += 1;
+        Ok((self.input.first_row + row as u64, Loc { batch: id, row: row as u32 }))
+    }
+}
+
+/// Input rows as ids only.
+struct CoordRows<'a>(PlanCursor<'a>);
+
+impl RowSource for CoordRows<'_> {
+    type Data = ();
+    fn next_row(&mut self) -> Result<(u64, ())> {
+        Ok((self.0.next_row(), ()))
+    }
+}
+
+/// Data behind the buffer; `None` in [`Stream`] until (re)hydrated after a restore.
+struct DataSide {
+    input: Input,
+    slab: Slab,
+}
+
+/// The stream of one slot.
+pub struct Stream {
+    catalog: Arc<Catalog>,
+    units: Arc<Vec<Unit>>,
+    opts: StreamOptions,
+    slot: Slot,
+    epoch: u64,
+    cursor: u64,
+    emitted: u64,
+    rng: Prng,
+    buffer: Buffer<Loc>,
+    plan: Arc<EpochPlan>,
+    range: Range<u64>,
+    data: Option<DataSide>,
+    /// State before the last returned batch, when `keep_batch_start` is on (row mode).
+    batch_start: Option<SlotState>,
+    keep_batch_start: bool,
+}
+
+impl Stream {
+    pub fn new(catalog: Arc<Catalog>, opts: StreamOptions, slot: Slot) -> Result<Self> {
+        if opts.epochs == Some(0) {
+            return Err(Error::Config("epochs must be at least 1 (or None for endless)".into()));
+        }
+        let units = units(&catalog);
+        let shuffle = opts.shuffle_buffer > 0;
+        let plan = Arc::new(EpochPlan::new(units.clone(), opts.seed, opts.first_epoch, shuffle));
+        let range = slot.range(plan.total());
+        let rng = Prng::new(buffer_key(&opts, opts.first_epoch, slot));
+        Ok(Stream {
+            epoch: opts.first_epoch,
+            cursor: 0,
+            emitted: 0,
+            buffer: Buffer::new(opts.shuffle_buffer),
+            catalog,
+            units,
+            opts,
+            slot,
+            rng,
+            plan,
+            range,
+            data: None,
+            batch_start: None,
+            keep_batch_start: false,
+        })
+    }
+
+    /// Remember the state before each batch, so [`Stream::state_within_batch`] works (row mode).
+    pub fn keep_batch_start(&mut self, on: bool) {
+        self.keep_batch_start = on;
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn slot(&self) -> Slot {
+        self.slot
+    }
+
+    pub fn options(&self) -> &StreamOptions {
+        &self.opts
+    }
+
+    fn end_epoch(&self) -> Option<u64> {
+        self.opts.epochs.map(|n| self.opts.first_epoch + n)
+    }
+
+    /// True once every epoch of the pass has been emitted.
+    pub fn finished(&self) -> bool {
+        let len = self.range.end - self.range.start;
+        match self.end_epoch() {
+            Some(end) => self.epoch >= end || (self.epoch + 1 == end && self.emitted == len),
+            None => len == 0,
+        }
+    }
+
+    /// The position after the last emitted row.
+    pub fn state(&self) -> SlotState {
+        SlotState {
+            epoch: self.epoch,
+            cursor: self.cursor,
+            emitted: self.emitted,
+            rng_word_pos: self.rng.word_pos(),
+            buffer: self.buffer.rows.clone(),
+        }
+    }
+
+    /// The position after the first `k` rows of the last returned batch.
+    pub fn state_within_batch(&self, k: usize) -> Result<SlotState> {
+        let start = self.batch_start.as_ref().ok_or_else(|| {
+            Error::Internal("state_within_batch needs keep_batch_start and a returned batch".into())
+        })?;
+        self.advance_state(start, k as u64)
+    }
+
+    fn set_epoch(&mut self, epoch: u64) {
+        if self.plan.epoch != epoch {
+            self.plan = Arc::new(EpochPlan::new(self.units.clone(), self.opts.seed, epoch, self.opts.shuffle_buffer > 0));
+        }
+        self.range = self.slot.range(self.plan.total());
+        self.rng = Prng::new(buffer_key(&self.opts, epoch, self.slot));
+        self.epoch = epoch;
+        self.cursor = 0;
+        self.emitted = 0;
+        self.buffer = Buffer::new(self.opts.shuffle_buffer);
+        self.data = None;
+    }
+
+    /// Continue from `st` (validated first; on error the stream is unchanged).
+    pub fn restore(&mut self, st: &SlotState) -> Result<()> {
+        let end = self.end_epoch();
+        if st.epoch < self.opts.first_epoch || end.is_some_and(|e| st.epoch > e) {
+            return Err(Error::State(format!(
+                "state is at epoch {} but this pass covers epochs {}..{}",
+                st.epoch,
+                self.opts.first_epoch,
+                end.map_or("endless".to_string(), |e| e.to_string())
+            )));
+        }
+        let plan = if end == Some(st.epoch) {
+            // "After the last epoch": only the empty state is meaningful there.
+            if *st != SlotState::start_of(st.epoch) {
+                return Err(Error::State(format!("state past the last epoch ({}) must be empty", st.epoch)));
+            }
+            self.plan.clone()
+        } else if self.plan.epoch == st.epoch {
+            self.plan.clone()
+        } else {
+            Arc::new(EpochPlan::new(self.units.clone(), self.opts.seed, st.epoch, self.opts.shuffle_buffer > 0))
+        };
+        let range = self.slot.range(plan.total());
+        st.validate(&plan, &range, self.opts.shuffle_buffer)?;
+        self.plan = plan;
+        self.set_epoch(st.epoch);
+        self.cursor = st.cursor;
+        self.emitted = st.emitted;
+        self.rng.set_word_pos(st.rng_word_pos);
+        self.buffer.rows = st.buffer.clone();
+        self.buffer.data = vec![Loc::default(); st.buffer.len()];
+        self.batch_start = None;
+        Ok(())
+    }
+
+    /// `st` moved forward by `k` output rows (within its epoch), computed on row ids alone.
+    pub fn advance_state(&self, st: &SlotState, k: u64) -> Result<SlotState> {
+        let plan = if self.plan.epoch == st.epoch {
+            self.plan.clone()
+        } else {
+            Arc::new(EpochPlan::new(self.units.clone(), self.opts.seed, st.epoch, self.opts.shuffle_buffer > 0))
+        };
+        let range = self.slot.range(plan.total());
+        let len = range.end - range.start;
+        let mut out = st.clone();
+        if self.opts.shuffle_buffer == 0 {
+            let k = k.min(len - st.emitted);
+            out.cursor += k;
+            out.emitted += k;
+            return Ok(out);
+        }
+        let mut rng = Prng::new(buffer_key(&self.opts, st.epoch, self.slot));
+        rng.set_word_pos(st.rng_word_pos);
+        let mut buf: Buffer<()> = Buffer {
+            capacity: self.opts.shuffle_buffer,
+            data: vec![(); st.buffer.len()],
+            rows: std::mem::take(&mut out.buffer),
+        };
+        let mut src = CoordRows(PlanCursor::new(&plan, range.start + st.cursor));
+        for _ in 0..k {
+            if buf.step(&mut rng, &mut src, &mut out.cursor, len, &mut out.emitted)?.is_none() {
+                break;
+            }
+        }
+        out.buffer = buf.rows;
+        out.rng_word_pos = rng.word_pos();
+        Ok(out)
+    }
+
+    /// The next batch of up to `max_rows` rows (fewer only at the end of an epoch; batches never
+    /// span epochs), or `None` at the end of the pass.
+    pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>> {
+        let max_rows = max_rows.max(1);
+        let len = self.range.end - self.range.start;
+        if len == 0 {
+            // Nothing for this slot in any epoch (more slots than rows).
+            if let Some(end) = self.end_epoch() {
+                self.set_epoch(end);
+            }
+            return Ok(None);
+        }
+        loop {
+            if self.end_epoch().is_some_and(|e| self.epoch >= e) {
+                return Ok(None);
+            }
+            if self.emitted < len {
+                break;
+            }
+            let next = self.epoch + 1;
+            if self.end_epoch() == Some(next) {
+                // Stay at "end of the last epoch" rather than an empty epoch past it.
+                return Ok(None);
+            }
+            self.set_epoch(next);
+        }
+        if self.keep_batch_start {
+            self.batch_start = Some(self.state());
+        }
+        let out = if self.opts.shuffle_buffer == 0 {
+            self.next_plain(max_rows, len)?
+        } else {
+            self.next_shuffled(max_rows, len)?
+        };
+        Ok(Some(out))
+    }
+
+    fn data_side(&mut self) -> Result<&mut DataSide> {
+        if self.data.is_none() {
+            let start = self.range.start + self.cursor;
+            let input = Input::new(self.catalog.clone(), &self.plan, start..self.range.end, self.opts.read_batch_rows);
+            let mut slab = Slab::default();
+            if !self.buffer.rows.is_empty() {
+                hydrate(&self.catalog, &mut self.buffer, &mut slab, self.opts.read_batch_rows)?;
+            }
+            self.data = Some(DataSide { input, slab });
+        }
+        Ok(self.data.as_mut().expect("just set"))
+    }
+
+    fn next_plain(&mut self, max_rows: usize, len: u64) -> Result<RecordBatch> {
+        let want = (max_rows as u64).min(len - self.emitted) as usize;
+        let schema = self.catalog.schema().clone();
+        let data = self.data_side()?;
+        let mut parts = Vec::new();
+        let mut got = 0;
+        while got < want {
+            let part = data.input.take(want - got)?;
+            got += part.num_rows();
+            parts.push(part);
+        }
+        self.cursor += got as u64;
+        self.emitted += got as u64;
+        if parts.len() == 1 {
+            return Ok(parts.pop().expect("one part"));
+        }
+        concat_batches(&schema, &parts).map_err(|e| Error::Internal(format!("concat: {e}")))
+    }
+
+    fn next_shuffled(&mut self, max_rows: usize, len: u64) -> Result<RecordBatch> {
+        self.data_side()?;
+        let data = self.data.as_mut().expect("hydrated");
+        let mut picks = Vec::with_capacity(max_rows);
+        let mut src = DataRows {
+            input: &mut data.input,
+            slab: &mut data.slab,
+        };
+        while picks.len() < max_rows {
+            match self.buffer.step(&mut self.rng, &mut src, &mut self.cursor, len, &mut self.emitted)? {
+                Some((_, loc)) => picks.push(loc),
+                None => break,
+            }
+        }
+        let out = data.slab.gather(self.catalog.schema(), &picks)?;
+        for l in &picks {
+            data.slab.release(l.batch);
+        }
+        // Compact when retained batches hold far more rows than the buffer needs.
+        let limit = 2 * self.buffer.capacity + 2 * self.opts.read_batch_rows;
+        if data.slab.live_rows > limit && !self.buffer.rows.is_empty() {
+            let merged = data.slab.gather(self.catalog.schema(), &self.buffer.data)?;
+            for l in &self.buffer.data {
+                data.slab.release(l.batch);
+            }
+            let id = data.slab.insert(merged, self.buffer.data.len() as u32);
+            for (i, l) in self.buffer.data.iter_mut().enumerate() {
+                *l = Loc { batch: id, row: i as u32 };
+            }
+        }
+        Ok(out)
+    }
+
+    /// Rows currently held in retained decoded batches (for memory tests and stats).
+    pub fn retained_rows(&self) -> usize {
+        self.data.as_ref().map_or(0, |d| d.slab.live_rows)
+    }
+}
+
+fn buffer_key(opts: &StreamOptions, epoch: u64, slot: Slot) -> [u8; 32] {
+    derive_key("shuffle-buffer", &[opts.seed, epoch, slot.index as u64, slot.count as u64])
+}
+
+/// Re-read the buffered rows by id and point the buffer at them.
+fn hydrate(catalog: &Catalog, buffer: &mut Buffer<Loc>, slab: &mut Slab, batch_rows: usize) -> Result<()> {
+    let mut order: Vec<usize> = (0..buffer.rows.len()).collect();
+    order.sort_unstable_by_key(|&i| buffer.rows[i]);
+    let sorted: Vec<u64> = order.iter().map(|&i| buffer.rows[i]).collect();
+    let batches = read_rows(catalog, &sorted, batch_rows)?;
+    let mut k = 0;
+    for b in batches {
+        let n = b.num_rows();
+        let id = slab.insert(b, n as u32);
+        for row in 0..n {
+            buffer.data[order[k]] = Loc { batch: id, row: row as u32 };
+            k += 1;
+        }
+    }
+    buffer.data.truncate(buffer.rows.len());
+    Ok(())
+}
