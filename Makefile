@@ -1,0 +1,156 @@
+# shardstream developer/CI entry points.  Run `make help` for the list.
+#
+# Everything Python runs inside ./.venv, created with --system-site-packages so a
+# machine-wide torch (multi-GB) is reused; on a bare machine pip installs it from
+# the `test` extra of pyproject.toml.  The Rust extension is built by maturin in the
+# release profile; CARGO_TARGET_DIR is honoured if set (cargo and maturin read it).
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+MAKEFLAGS += --no-print-directory
+
+PYTHON      ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+VENV_ABS    := $(abspath $(VENV))
+CARGO       ?= cargo
+PIP_FLAGS   ?= --disable-pip-version-check
+PYTEST_ARGS ?= -q -p no:cacheprovider
+CARGO_TEST_ARGS ?=
+BENCH_ARGS  ?=
+DEMO_ARGS   ?=
+STUBTEST_ARGS ?=
+# Directories checked by ruff.
+PY_DIRS     := $(wildcard python tests benches)
+
+# pyo3's build script must see the same interpreter for every cargo invocation
+# (cargo test/clippy and maturin), otherwise it reconfigures and rebuilds pyo3.
+export PYO3_PYTHON := $(VENV_ABS)/bin/python
+
+# maturin: the venv's copy if pip put one there, else the machine-wide one that the
+# venv sees through --system-site-packages (`python -m maturin` needs the script).
+MATURIN = "$$( [ -x $(VENV)/bin/maturin ] && echo $(VENV)/bin/maturin || command -v maturin )"
+
+# Stamps: bootstrap done once per pyproject.toml change; extension rebuilt when any
+# Rust source / manifest is newer than the last build.
+BOOT_STAMP := $(VENV)/.shardstream-bootstrap
+EXT_STAMP  := $(VENV)/.shardstream-ext
+LINT_STAMP := $(VENV)/.shardstream-lint-deps
+RUST_SRC   := Cargo.toml Cargo.lock pyproject.toml \
+              $(shell find rust -type f \( -name '*.rs' -o -name 'Cargo.toml' -o -name 'build.rs' \) 2>/dev/null)
+
+.PHONY: help
+help: ## Show this help
+	@echo "shardstream — make targets (fresh machine: 'make demo' then 'make test')"
+	@echo
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+	@echo
+	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS='$(PYTEST_ARGS)'"
+	@echo "           CARGO_TEST_ARGS='$(CARGO_TEST_ARGS)' BENCH_ARGS='$(BENCH_ARGS)' DEMO_ARGS='$(DEMO_ARGS)'"
+	@echo "           CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-<default: ./target>}"
+
+# --------------------------------------------------------------------------- setup
+
+$(BOOT_STAMP): pyproject.toml
+	@echo ">>> bootstrap: $(VENV) (system site packages visible) + pip install -e '.[test]'"
+	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@# maturin is the PEP 517 backend; having it in (or visible to) the venv lets us
+	@# build without an isolated build env and lets `make build` call it directly.
+	$(PY) -m pip install $(PIP_FLAGS) -q 'maturin>=1.9,<2'
+	$(PY) -m pip install $(PIP_FLAGS) --no-build-isolation -e '.[test]'
+	@touch $(EXT_STAMP) $@
+
+.PHONY: venv
+venv: $(BOOT_STAMP) ## Create .venv and install shardstream (editable) + test deps, once
+
+$(EXT_STAMP): $(BOOT_STAMP) $(RUST_SRC)
+	@echo ">>> maturin develop --release (rebuilding the Rust extension in place)"
+	VIRTUAL_ENV=$(VENV_ABS) $(MATURIN) develop --release --skip-install
+	@touch $@
+
+.PHONY: build
+build: $(EXT_STAMP) ## (Re)build the Rust extension if Rust sources changed (no-op otherwise)
+
+.PHONY: rebuild
+rebuild: $(BOOT_STAMP) ## Force a rebuild of the Rust extension
+	@rm -f $(EXT_STAMP)
+	@$(MAKE) build
+
+# --------------------------------------------------------------------------- test
+
+.PHONY: test
+test: test-rust test-py ## Run all tests: cargo test --workspace, then pytest
+
+.PHONY: test-rust
+test-rust: $(BOOT_STAMP) ## Rust tests (cargo test --workspace)
+	@# Test binaries of the bindings crate may link libpython; cargo does not put
+	@# search paths outside the target dir on LD_LIBRARY_PATH, so add Python's LIBDIR.
+	LD_LIBRARY_PATH="$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \
+	  $(CARGO) test --workspace $(CARGO_TEST_ARGS)
+
+.PHONY: test-py
+test-py: build ## Python tests (pytest tests); "no tests collected" is a failure
+	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) tests || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests (exit 5)" >&2; fi; \
+	exit $$rc
+
+# --------------------------------------------------------------------------- run
+
+.PHONY: demo
+demo: build ## Run the resume demo (python -m shardstream demo $(DEMO_ARGS))
+	$(PY) -m shardstream demo $(DEMO_ARGS)
+
+.PHONY: bench
+bench: build ## Run benchmarks and print a table (BENCH_ARGS='--help' for options)
+	$(PY) benches/bench.py $(BENCH_ARGS)
+
+# --------------------------------------------------------------------------- lint
+
+$(LINT_STAMP): $(BOOT_STAMP)
+	$(PY) -m pip install $(PIP_FLAGS) -q 'ruff>=0.6' 'mypy>=1.11'
+	@touch $@
+
+.PHONY: lint
+lint: lint-rust lint-py lint-stubs ## All linters (use `make -k lint` to see every failure)
+
+.PHONY: lint-rust
+lint-rust: $(BOOT_STAMP) ## cargo fmt --check + clippy -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+.PHONY: lint-py
+lint-py: $(LINT_STAMP) ## ruff check + ruff format --check
+	$(PY) -m ruff check $(PY_DIRS)
+	$(PY) -m ruff format --check $(PY_DIRS)
+
+.PHONY: lint-stubs
+lint-stubs: build $(LINT_STAMP) ## mypy stubtest: _core.pyi / package vs the built extension
+	$(PY) -m mypy.stubtest shardstream $(STUBTEST_ARGS)
+
+.PHONY: fmt
+fmt: $(LINT_STAMP) ## Auto-format Rust and Python sources
+	$(CARGO) fmt --all
+	$(PY) -m ruff format $(PY_DIRS)
+	$(PY) -m ruff check --fix $(PY_DIRS)
+
+# --------------------------------------------------------------------------- package
+
+.PHONY: wheel
+wheel: $(BOOT_STAMP) ## Build an abi3 release wheel into dist/
+	$(MATURIN) build --release --out dist
+	@ls -l dist/*.whl
+
+.PHONY: clean
+clean: ## Remove build products, the venv and caches (keeps bench-data/)
+	-$(CARGO) clean
+	rm -rf $(VENV) dist build *.egg-info
+	rm -f python/shardstream/_core*.so python/shardstream/_core*.pyd
+	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +
+	rm -rf .pytest_cache .hypothesis .ruff_cache .mypy_cache demo-data
+
+.PHONY: distclean
+distclean: clean ## clean + remove the cached benchmark data
+	rm -rf bench-data
