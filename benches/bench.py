@@ -101,7 +101,8 @@ def _ss_make_states(data: str, shuffle_buffer: int, fracs: list[float], out: str
         data, columns=COLUMNS, batch_size=BATCH, output="arrow", shuffle_buffer=shuffle_buffer
     )
     n = ds.num_rows
-    targets = sorted((max(1, int(f * n)), f) for f in fracs)
+    # Clamp so that a batch always follows the saved position (tiny --rows).
+    targets = sorted((max(1, min(int(f * n), n - 2 * BATCH)), f) for f in fracs)
     states: dict[str, Any] = {}
     seen = 0
     pending: list[tuple[str, int]] = []
