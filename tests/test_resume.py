@@ -180,3 +180,26 @@ def test_resume_in_fresh_subprocess(small, tmp_path, settings):
         take(iter(ds), k)
         rest = run_child(str(tmp_path), small.root, settings, ds.state_dict(), tag=f"k{i}")
         assert full[:k] + rest == full, f"subprocess resume at k={k} differs"
+
+
+def test_after_resumed_pass_next_pass_starts_from_first_epoch(small):
+    settings = dict(output="python", shuffle_buffer=7, seed=3, batch_size=5, epochs=2)
+    full = full_stream(small.root, settings)
+    ds = make_ds(small.root, settings)
+    take(iter(ds), 70)
+    state = torch_roundtrip(ds.state_dict())
+    ds2 = make_ds(small.root, settings)
+    ds2.load_state_dict(state)
+    assert full[:70] + keys_of(ds2, True) == full
+    assert keys_of(ds2, True) == full, "a finished (resumed) pass must be followed by a full pass"
+
+
+def test_state_after_exhausted_pass(small):
+    """Contract: state_dict() is the position after the last yielded item, and a finished pass
+    restarts on the next iter(). Loading the state of an exhausted pass must therefore give
+    either nothing (end of pass) or a full new pass -- never a partial stream or an error."""
+    settings = dict(output="python", shuffle_buffer=7, seed=3, epochs=2)
+    ds = make_ds(small.root, settings)
+    full = keys_of(ds, False)
+    rest = resume_rest(small.root, settings, torch_roundtrip(ds.state_dict()))
+    assert rest in ([], full), f"{len(rest)} items after loading an end-of-pass state"
