@@ -1,1 +1,235 @@
+//! `shardstream._core`: thin bindings over `shardstream-core`. Only conversions live here (types
+//! in this file, errors in `error.rs`); behaviour belongs in the core. Every call that reads or
+//! decodes releases the GIL.
 
+mod error;
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3_arrow::{PyRecordBatch, PySchema};
+use shardstream_core::{Catalog, Error, Slot, SlotState, Stream, StreamOptions};
+
+use crate::error::{detach, to_py};
+
+/// The shard set: resolved paths and footers, read once.
+#[pyclass(name = "RawCatalog", module = "shardstream._core", frozen)]
+struct RawCatalog {
+    inner: Arc<Catalog>,
+}
+
+#[pymethods]
+impl RawCatalog {
+    #[new]
+    #[pyo3(signature = (sources, columns=None))]
+    fn new(py: Python<'_>, sources: Vec<String>, columns: Option<Vec<String>>) -> PyResult<Self> {
+        let cat = detach(py, || Catalog::open(&sources, columns.as_deref()))?;
+        Ok(RawCatalog { inner: Arc::new(cat) })
+    }
+
+    #[getter]
+    fn num_rows(&self) -> u64 {
+        self.inner.total_rows()
+    }
+
+    #[getter]
+    fn shard_paths(&self) -> Vec<String> {
+        self.inner.shards().iter().map(|s| s.path.display().to_string()).collect()
+    }
+
+    #[getter]
+    fn root(&self) -> String {
+        self.inner.root().display().to_string()
+    }
+
+    /// Output schema as a `pyarrow.Schema`.
+    #[getter]
+    fn schema<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        PySchema::new(self.inner.schema().clone()).into_pyarrow(py)
+    }
+
+    fn fingerprint<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let f = self.inner.fingerprint();
+        let d = PyDict::new(py);
+        d.set_item("shards", f.shards)?;
+        d.set_item("rows", f.rows)?;
+        d.set_item("paths", &f.paths)?;
+        d.set_item("content", &f.content)?;
+        Ok(d)
+    }
+
+    /// Per-shard metadata: path, size, rows, page index, row groups `(rows, byte_offset, bytes)`.
+    fn shards_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        for s in self.inner.shards() {
+            let d = PyDict::new(py);
+            d.set_item("path", s.path.display().to_string())?;
+            d.set_item("rel_path", &s.rel_path)?;
+            d.set_item("size", s.size)?;
+            d.set_item("rows", s.num_rows)?;
+            d.set_item("has_offset_index", s.has_offset_index)?;
+            let rgs: Vec<(u64, u64, u64)> = s
+                .row_groups
+                .iter()
+                .map(|r| (r.num_rows, r.byte_offset, r.compressed_bytes))
+                .collect();
+            d.set_item("row_groups", rgs)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+}
+
+/// One slot's stream. `None` after an internal error: the stream refuses further use rather
+/// than continue from a state it can't trust.
+#[pyclass(name = "RawStream", module = "shardstream._core", frozen)]
+struct RawStream {
+    inner: Mutex<Option<Stream>>,
+}
+
+impl RawStream {
+    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Stream) -> Result<T, Error> + Send) -> PyResult<T> {
+        detach(py, || {
+            let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let stream = guard.as_mut().ok_or_else(|| {
+                Error::Internal("this stream hit an internal error earlier; load the last state into a new one".into())
+            })?;
+            let r = error::guard(|| f(stream));
+            if matches!(r, Err(Error::Internal(_))) {
+                *guard = None;
+            }
+            r
+        })
+    }
+}
+
+#[pymethods]
+impl RawStream {
+    #[new]
+    #[pyo3(signature = (catalog, *, seed, shuffle_buffer, first_epoch, epochs, slot_index, slot_count,
+                        read_batch_rows=8192, keep_batch_start=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        catalog: &RawCatalog,
+        seed: u64,
+        shuffle_buffer: usize,
+        first_epoch: u64,
+        epochs: Option<u64>,
+        slot_index: u32,
+        slot_count: u32,
+        read_batch_rows: usize,
+        keep_batch_start: bool,
+    ) -> PyResult<Self> {
+        let opts = StreamOptions {
+            seed,
+            shuffle_buffer,
+            first_epoch,
+            epochs,
+            read_batch_rows,
+        };
+        let cat = catalog.inner.clone();
+        let stream = detach(py, move || {
+            let mut s = Stream::new(cat, opts, Slot::new(slot_index, slot_count)?)?;
+            s.keep_batch_start(keep_batch_start);
+            Ok(s)
+        })?;
+        Ok(RawStream {
+            inner: Mutex::new(Some(stream)),
+        })
+    }
+
+    /// Next batch of up to `max_rows` rows as a `pyarrow.RecordBatch`, or `None` at the end.
+    fn next_batch<'py>(&self, py: Python<'py>, max_rows: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.with(py, |s| s.next_batch(max_rows))? {
+            Some(b) => Ok(Some(PyRecordBatch::new(b).into_pyarrow(py)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Position after the last returned row (`within=None`) or after the first `within` rows of
+    /// the last returned batch.
+    #[pyo3(signature = (within=None))]
+    fn state<'py>(&self, py: Python<'py>, within: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.with(py, |s| match within {
+            None => Ok(s.state()),
+            Some(k) => s.state_within_batch(k),
+        })?;
+        state_to_py(py, &st)
+    }
+
+    fn restore(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let st = state_from_py(py, state)?;
+        self.with(py, move |s| s.restore(&st))
+    }
+
+    fn finished(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with(py, |s| Ok(s.finished()))
+    }
+
+    /// Rows held in retained decoded batches (memory diagnostics).
+    fn retained_rows(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |s| Ok(s.retained_rows()))
+    }
+}
+
+const SLOT_KEYS: [&str; 5] = ["epoch", "cursor", "emitted", "rng_word_pos", "buffer"];
+
+fn state_to_py<'py>(py: Python<'py>, st: &SlotState) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("epoch", st.epoch)?;
+    d.set_item("cursor", st.cursor)?;
+    d.set_item("emitted", st.emitted)?;
+    d.set_item("rng_word_pos", st.rng_word_pos)?;
+    d.set_item("buffer", PyBytes::new(py, &st.buffer_bytes()))?;
+    Ok(d)
+}
+
+fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
+    let bad = |msg: String| to_py(py, Error::State(msg));
+    for k in d.keys() {
+        let k: String = k.extract().map_err(|_| bad("slot state has a non-string key".into()))?;
+        if !SLOT_KEYS.contains(&k.as_str()) {
+            return Err(bad(format!("slot state has unknown key {k:?}")));
+        }
+    }
+    let field = |name: &str| -> PyResult<Bound<'_, PyAny>> {
+        d.get_item(name)?
+            .ok_or_else(|| bad(format!("slot state is missing key {name:?}")))
+    };
+    let int = |name: &str| -> PyResult<u64> {
+        let v = field(name)?;
+        if v.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(bad(format!("slot state field {name:?} must be an int, got bool")));
+        }
+        v.extract::<u64>()
+            .map_err(|_| bad(format!("slot state field {name:?} must be a non-negative int, got {v:?}")))
+    };
+    let rng = field("rng_word_pos")?;
+    let rng_word_pos: u128 = if rng.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(bad("slot state field \"rng_word_pos\" must be an int, got bool".into()));
+    } else {
+        rng.extract()
+            .map_err(|_| bad(format!("slot state field \"rng_word_pos\" must be a non-negative int, got {rng:?}")))?
+    };
+    let buf = field("buffer")?;
+    let bytes = buf
+        .cast::<PyBytes>()
+        .map_err(|_| bad(format!("slot state field \"buffer\" must be bytes, got {}", buf.get_type())))?;
+    Ok(SlotState {
+        epoch: int("epoch")?,
+        cursor: int("cursor")?,
+        emitted: int("emitted")?,
+        rng_word_pos,
+        buffer: SlotState::buffer_from_bytes(bytes.as_bytes()).map_err(|e| to_py(py, e))?,
+    })
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<RawCatalog>()?;
+    m.add_class::<RawStream>()?;
+    Ok(())
+}

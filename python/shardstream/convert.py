@@ -1,0 +1,104 @@
+"""Turning Arrow record batches from the core into what the user asked for (``output=``).
+
+Numeric columns without nulls reach numpy and torch without copies (numpy views of the Arrow
+buffer; ``torch.from_dlpack``). ``list<number>`` columns become one 1-D array/tensor per row,
+each a view into the flattened values (sliced by the Arrow offsets). Strings stay ``str``;
+anything else (nulls in numeric columns, nested structs, ...) falls back to Python values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+OUTPUTS = ("torch", "numpy", "python", "arrow")
+
+_NUM, _LIST_NUM, _OTHER = 0, 1, 2
+
+
+def _is_num(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _kind(t: pa.DataType) -> int:
+    if _is_num(t):
+        return _NUM
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_num(t.value_type):
+        return _LIST_NUM
+    return _OTHER
+
+
+class Converter:
+    """Converts batches of one schema to one output kind."""
+
+    def __init__(self, output: str, schema: pa.Schema) -> None:
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        self.output = output
+        self.names = list(schema.names)
+        self.kinds = [_kind(f.type) for f in schema]
+        self._torch: Any = None
+        if output == "torch":
+            import torch
+
+            self._torch = torch
+
+    # -- per column -------------------------------------------------------------------------
+    def _num(self, arr: pa.Array) -> Any:
+        if pa.types.is_boolean(arr.type):
+            np_arr = arr.to_numpy(zero_copy_only=False)  # bit-packed: one copy is unavoidable
+            return self._torch.from_numpy(np_arr) if self._torch else np_arr
+        if self._torch is not None:
+            return self._torch.from_dlpack(arr)
+        return arr.to_numpy(zero_copy_only=True)
+
+    def _list_num(self, arr: pa.Array) -> list[Any]:
+        values = arr.flatten()
+        if values.null_count:
+            return arr.to_pylist()
+        offsets = arr.offsets.to_numpy()
+        offsets = offsets - offsets[0]
+        flat = self._num(values) if len(values) else None
+        if flat is None:
+            empty = np.empty(0, dtype=values.type.to_pandas_dtype())
+            flat = self._torch.from_numpy(empty) if self._torch else empty
+        if self._torch is not None:
+            parts = list(self._torch.split(flat, np.diff(offsets).tolist()))
+        else:
+            parts = np.split(flat, offsets[1:-1])
+        if arr.null_count:
+            valid = arr.is_valid().to_pylist()
+            parts = [p if ok else None for p, ok in zip(parts, valid)]
+        return parts
+
+    def _column(self, arr: pa.Array, kind: int) -> Any:
+        if kind == _NUM and not arr.null_count:
+            return self._num(arr)
+        if kind == _LIST_NUM:
+            return self._list_num(arr)
+        return arr.to_pylist()
+
+    # -- whole batches ----------------------------------------------------------------------
+    def batch(self, rb: pa.RecordBatch) -> Any:
+        if self.output == "arrow":
+            return rb
+        if self.output == "python":
+            return {n: c.to_pylist() for n, c in zip(self.names, rb.columns)}
+        return {n: self._column(c, k) for n, c, k in zip(self.names, rb.columns, self.kinds)}
+
+    def rows(self, rb: pa.RecordBatch) -> list[Any]:
+        if self.output == "arrow":
+            return [rb.slice(i, 1) for i in range(rb.num_rows)]
+        if self.output == "python":
+            cols: list[Any] = [c.to_pylist() for c in rb.columns]
+        else:
+            cols = []
+            for c, k in zip(rb.columns, self.kinds):
+                v = self._column(c, k)
+                if k == _NUM and not c.null_count:
+                    v = list(v.unbind(0)) if self._torch is not None else list(v)
+                cols.append(v)
+        names = self.names
+        return [dict(zip(names, vals)) for vals in zip(*cols)]

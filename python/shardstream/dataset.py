@@ -1,0 +1,342 @@
+"""``ParquetStream``: the torch ``IterableDataset`` over the Rust core.
+
+Design decisions (the why; the what is in docs/ARCHITECTURE.md):
+
+* The work unit is a *slot*: ``slot = rank * num_workers + worker_id`` of
+  ``world_size * num_workers``. The core cuts each epoch's row order into one contiguous range
+  per slot, so a DataLoader worker (or rank) needs no coordination, and its state is its own slot's.
+* The slot is resolved in ``__iter__`` (inside the DataLoader worker), never in ``__init__``:
+  the dataset object is built in the main process and copied into workers.
+* No threads or runtimes are created before iteration, so forking DataLoader workers is safe;
+  the Rust objects hold only memory and re-open files per read. For spawn-started workers the
+  dataset pickles without its Rust objects and re-opens the catalog, checking the fingerprint.
+* Row mode reads chunks of rows from the core and yields them one by one; ``state_dict()``
+  mid-chunk asks the core for "the state after k rows of the last chunk", which it computes on
+  row ids alone. So the state is always exactly the position after the last yielded item.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from . import state as _state
+from ._core import RawCatalog, RawStream
+from .convert import OUTPUTS, Converter
+from .errors import StateError
+
+try:  # torch is optional at import: numpy/python/arrow output work without it.
+    import torch
+    from torch.utils.data import IterableDataset as _Base
+except ImportError:  # pragma: no cover - exercised only without torch
+    torch = None  # type: ignore[assignment]
+    _Base = object  # type: ignore[assignment,misc]
+
+__all__ = ["ParquetStream"]
+
+# Rows per chunk the core hands over in row mode. Larger amortizes the FFI call; smaller bounds
+# the work a mid-chunk state_dict() replays on row ids (at most this many buffer steps).
+ROW_MODE_CHUNK = 1024
+
+
+def _sources(source: Any) -> list[str]:
+    items = list(source) if isinstance(source, (list, tuple)) else [source]
+    if not items:
+        raise ValueError("source is empty: pass a file, directory, glob or a list of them")
+    out = []
+    for s in items:
+        if not isinstance(s, (str, os.PathLike)):
+            raise TypeError(f"source must be a path, glob or list of them, got {type(s).__name__}")
+        out.append(os.fspath(s))
+    return out
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _worker() -> tuple[int, int]:
+    info = torch.utils.data.get_worker_info() if torch is not None else None
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+class ParquetStream(_Base):  # type: ignore[misc,valid-type]
+    """An exactly resumable stream of rows or batches from Parquet shards.
+
+    Args:
+        source: a file, a directory (every ``*.parquet`` below it), a glob, or a list of these.
+            Shards are read in sorted path order.
+        columns: columns to read (in this order); ``None`` reads all.
+        batch_size: ``None`` yields one row at a time as ``dict[column, value]``; an int yields
+            batches of that many rows (the last of each epoch short unless ``drop_last``).
+        drop_last: drop each epoch's short last batch.
+        shuffle_buffer: ``0`` keeps shard order; ``n > 0`` permutes row groups per epoch and
+            shuffles rows through an ``n``-row buffer.
+        seed: seed of every shuffle. Same settings and seed give the same stream everywhere.
+        epochs: epochs per pass (``for x in ds``), or ``None`` for endless.
+        output: ``"torch"``, ``"numpy"``, ``"python"`` or ``"arrow"``.
+        rank, world_size: this process's place among distributed ranks; default from
+            ``torch.distributed`` if initialized, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
+        read_batch_rows: rows per decoded Parquet batch (tuning only; never changes the stream).
+
+    Example:
+        >>> import tempfile, shardstream.datagen as dg
+        >>> d = tempfile.mkdtemp()
+        >>> _ = dg.write_shards(d, num_shards=2, rows_per_shard=10)
+        >>> ds = ParquetStream(d, columns=["id"], batch_size=4, output="python")
+        >>> it = iter(ds); next(it)["id"]
+        [0, 1, 2, 3]
+        >>> saved = ds.state_dict()
+        >>> ds2 = ParquetStream(d, columns=["id"], batch_size=4, output="python")
+        >>> ds2.load_state_dict(saved)
+        >>> [b["id"] for b in ds2]
+        [[4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        columns: Sequence[str] | None = None,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        epochs: int | None = 1,
+        output: str = "torch",
+        rank: int | None = None,
+        world_size: int | None = None,
+        read_batch_rows: int = 8192,
+    ) -> None:
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be an int >= 0, got {shuffle_buffer!r}")
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0):
+            raise ValueError(f"epochs must be a positive int or None, got {epochs!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        if read_batch_rows <= 0:
+            raise ValueError(f"read_batch_rows must be positive, got {read_batch_rows!r}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass rank and world_size together (or neither)")
+        if world_size is not None and rank is not None and not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank} world_size={world_size}")
+        self._sources = _sources(source)
+        self._columns = None if columns is None else [str(c) for c in columns]
+        self._batch_size = batch_size
+        self._drop_last = bool(drop_last)
+        self._shuffle_buffer = shuffle_buffer
+        self._seed = seed
+        self._epochs = epochs
+        self._output = output
+        self._rank = rank
+        self._world_size = world_size
+        self._read_batch_rows = read_batch_rows
+        self._catalog: RawCatalog | None = RawCatalog(self._sources, self._columns)
+        self._fingerprint: dict[str, Any] = self._catalog.fingerprint()
+        self._first_epoch = 0
+        self._reset_position()
+
+    def _reset_position(self) -> None:
+        self._stream: RawStream | None = None  # the stream the latest iterator reads
+        self._slot: tuple[int, int] | None = None
+        self._rows_into_chunk: int | None = None  # row mode: rows yielded of the last chunk
+        self._pending: tuple[tuple[int, int] | None, dict[str, Any] | None] | None = None
+        self._finished = False
+        self._generation = 0
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def catalog(self) -> RawCatalog:
+        if self._catalog is None:  # re-opened after unpickling in a spawned worker
+            cat = RawCatalog(self._sources, self._columns)
+            if cat.fingerprint() != self._fingerprint:
+                raise StateError(
+                    "the shard set changed between creating the dataset and iterating it "
+                    f"(was {self._fingerprint}, now {cat.fingerprint()})"
+                )
+            self._catalog = cat
+        return self._catalog
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the shard set (one epoch, all slots together)."""
+        return int(self.catalog.num_rows)
+
+    @property
+    def shards(self) -> list[str]:
+        """Absolute shard paths in read order."""
+        return list(self.catalog.shard_paths)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """Schema of the output columns."""
+        return self.catalog.schema
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "seed": self._seed,
+            "shuffle_buffer": self._shuffle_buffer,
+            "batch_size": self._batch_size,
+            "drop_last": self._drop_last,
+            "epochs": self._epochs,
+        }
+
+    def _resolve_slot(self) -> tuple[int, int]:
+        if self._rank is not None and self._world_size is not None:
+            rank, world = self._rank, self._world_size
+        else:
+            rank, world = _dist_rank_world()
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world})")
+        wid, nw = _worker()
+        return rank * nw + wid, world * nw
+
+    def _new_stream(self, slot: tuple[int, int]) -> RawStream:
+        return RawStream(
+            self.catalog,
+            seed=self._seed,
+            shuffle_buffer=self._shuffle_buffer,
+            first_epoch=self._first_epoch,
+            epochs=self._epochs,
+            slot_index=slot[0],
+            slot_count=slot[1],
+            read_batch_rows=self._read_batch_rows,
+            keep_batch_start=self._batch_size is None,
+        )
+
+    # -- epochs and state ---------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next pass at ``epoch`` (like ``DistributedSampler.set_epoch``)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self._first_epoch = epoch
+        self._reset_position()
+
+    def _position(self) -> dict[str, Any] | None:
+        if self._stream is None:
+            return None
+        k = self._rows_into_chunk
+        return self._stream.state() if k is None else self._stream.state(within=k)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position right after the last item this dataset yielded, as plain built-ins."""
+        if self._pending is not None:
+            slot, position = self._pending
+        else:
+            slot, position = self._slot, self._position()
+            if position is None:
+                slot = None
+        return _state.make(self._fingerprint, self._settings(), self._first_epoch, slot, position)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue after the position in ``state_dict`` on the next ``iter(self)``.
+
+        Raises:
+            StateError: the state is malformed, of another version, or saved over other data
+                or with other settings (the message says what differs).
+        """
+        first_epoch, slot, position = _state.check(state_dict, self._fingerprint, self._settings())
+        if position is not None and slot is not None:
+            # Full validation now (rows, buffer, epoch), not at the first next(): fail early.
+            probe = RawStream(
+                self.catalog,
+                seed=self._seed,
+                shuffle_buffer=self._shuffle_buffer,
+                first_epoch=first_epoch,
+                epochs=self._epochs,
+                slot_index=slot[0],
+                slot_count=slot[1],
+            )
+            probe.restore(position)
+        self._first_epoch = first_epoch
+        self._reset_position()
+        self._pending = (slot, position)
+
+    # -- iteration ----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        slot = self._resolve_slot()
+        if self._pending is not None:
+            saved_slot, position = self._pending
+            if saved_slot is not None and saved_slot != slot:
+                raise StateError(
+                    f"state was saved by slot {saved_slot[0]} of {saved_slot[1]} but this iterator "
+                    f"is slot {slot[0]} of {slot[1]} (slot = rank * num_workers + worker_id of "
+                    "world_size * num_workers): resume with the same ranks and num_workers"
+                )
+            self._pending = None
+        elif self._stream is not None and not self._finished and self._slot == slot:
+            position = self._position()  # continue where the previous iterator stopped
+        else:
+            position = None
+        stream = self._new_stream(slot)
+        if position is not None:
+            stream.restore(position)
+        self._stream, self._slot = stream, slot
+        self._rows_into_chunk = None
+        self._finished = False
+        self._generation += 1
+        return self._generate(stream, self._generation)
+
+    def _stale(self, generation: int) -> None:
+        if generation != self._generation:
+            raise RuntimeError(
+                "this iterator is stale: iter() was called again on the same ParquetStream, and "
+                "only the newest iterator owns the dataset's position"
+            )
+
+    def _generate(self, stream: RawStream, generation: int) -> Iterator[Any]:
+        conv = Converter(self._output, self.catalog.schema)
+        bs = self._batch_size
+        if bs is not None:
+            while True:
+                self._stale(generation)
+                rb = stream.next_batch(bs)
+                if rb is None:
+                    break
+                if self._drop_last and rb.num_rows < bs:
+                    continue
+                yield conv.batch(rb)
+        else:
+            while True:
+                self._stale(generation)
+                rb = stream.next_batch(ROW_MODE_CHUNK)
+                if rb is None:
+                    break
+                rows = conv.rows(rb)
+                last = len(rows)
+                for i, row in enumerate(rows, 1):
+                    self._stale(generation)
+                    self._rows_into_chunk = i if i < last else None
+                    yield row
+        self._stale(generation)
+        self._finished = True
+
+    # -- pickling (spawn-started workers) -----------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        # Rust objects stay behind; the position travels as a plain state.
+        if self._pending is None and self._stream is not None and not self._finished:
+            d["_pending"] = (self._slot, self._position())
+        d["_catalog"] = None
+        d["_stream"] = None
+        d["_rows_into_chunk"] = None
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+
+    def __repr__(self) -> str:
+        return (
+            f"ParquetStream({len(self._sources)} source(s), columns={self._columns}, "
+            f"batch_size={self._batch_size}, shuffle_buffer={self._shuffle_buffer}, "
+            f"seed={self._seed}, epochs={self._epochs}, output={self._output!r})"
+        )
