@@ -163,7 +163,7 @@ def check_epochs(full: list, paths: list[str], settings: dict) -> None:
                 assert not (got - want), f"epoch {e}: unexpected/duplicate ids {got - want}"
                 assert sum(got.values()) == per * bs
                 continue
-            assert all(s == bs for s in sizes[:-1]) and 1 <= sizes[-1] <= bs, (
+            assert all(s == bs for s in sizes[:-1]) and (not sizes or 1 <= sizes[-1] <= bs), (
                 f"epoch {e}: batch sizes {sizes}"
             )
         assert got == want, (
