@@ -218,3 +218,41 @@ def test_stateful_dataloader_resume_row_mode_special(special, num_workers):
 def test_stateful_dataloader_resume_spawn(small):
     settings = dict(output="numpy", batch_size=32, shuffle_buffer=7, seed=1, epochs=1)
     _sdl_resume_check(small.root, settings, 2, lambda n: [n // 2], ctx="spawn")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_resume_across_loader_passes(small, num_workers):
+    """Two passes over the same loader; state taken inside the second pass, and at the very
+    end of the first pass (StopIteration seen) -> the resumed loader continues/starts pass 2."""
+    settings = dict(output="python", batch_size=32, shuffle_buffer=7, seed=2)
+    loader = _sdl(small.root, settings, num_workers)
+    pass1 = loader_keys(loader)
+    pass2 = loader_keys(loader)
+    assert sorted(flat_ids(pass1)) == sorted(small.ids)
+    assert pass2 == pass1  # same epoch (no set_epoch), a finished pass restarts
+    n = len(pass1)
+    # (a) mid second pass
+    loader = _sdl(small.root, settings, num_workers)
+    loader_keys(loader)
+    it = iter(loader)
+    head = [item_key(next(it), True) for _ in range(n // 2)]
+    state = torch_roundtrip(loader.state_dict())
+    assert head + [item_key(x, True) for x in it] == pass2
+    loader2 = _sdl(small.root, settings, num_workers)
+    loader2.load_state_dict(state)
+    assert head + loader_keys(loader2) == pass2
+    # (b) end of the first pass
+    loader = _sdl(small.root, settings, num_workers)
+    loader_keys(loader)
+    state = torch_roundtrip(loader.state_dict())
+    loader2 = _sdl(small.root, settings, num_workers)
+    loader2.load_state_dict(state)
+    assert loader_keys(loader2) in ([], pass2)
+
+
+@pytest.mark.parametrize("num_workers", [2, 4])
+def test_more_workers_than_rows(shard_factory, num_workers):
+    ss = shard_factory(num_shards=2, rows_per_shard=[2, 1], seed=1)
+    settings = dict(output="python", batch_size=2, shuffle_buffer=3, seed=1, epochs=2)
+    full = _sdl_resume_check(ss.root, settings, num_workers, lambda n: list(range(n + 1)))
+    assert Counter(flat_ids(full)) == Counter({0: 2, 1: 2, 2: 2})

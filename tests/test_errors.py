@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import struct
@@ -335,17 +336,28 @@ def test_negative_and_huge_positions(small, mid_state):
                 assert isinstance(e, StateError), f"{p}={bad}: {type(e).__name__}: {e}"
 
 
-def test_truncated_bytes(small):
-    ds = make_ds(small.root, dict(ST, shuffle_buffer=100))
+def _truncations(v):
+    """Truncated variants of a bytes blob, or of a base64 text blob (as bytes and as text)."""
+    if isinstance(v, bytes):
+        return [v[:-1], v[: len(v) // 2], b""]
+    raw = base64.b64decode(v, validate=True)
+    enc = [base64.b64encode(x).decode() for x in (raw[:-1], raw[: len(raw) // 2], b"")]
+    return enc + [v[:-1], v[:-2]]
+
+
+def test_truncated_buffer(small):
+    st = dict(ST, shuffle_buffer=100)
+    ds = make_ds(small.root, st)
     take(iter(ds), 40)
     state = torch_roundtrip(ds.state_dict())
-    blobs = [(p, v) for p, v in walk(state) if isinstance(v, bytes) and len(v) > 1]
+    blobs = [(p, v) for p, v in walk(state)
+             if p and isinstance(p[-1], str) and "buffer" in p[-1].lower()
+             and isinstance(v, (bytes, str)) and len(v) > 1]
     if not blobs:
-        pytest.skip("state holds no bytes fields (shuffle buffer stored another way)")
+        pytest.skip("state holds no buffer blob (bytes or base64 text)")
     for p, v in blobs:
-        for cut in (v[:-1], v[: len(v) // 2], b""):
-            expect(StateError, _load(small.root, dict(ST, shuffle_buffer=100),
-                                     set_path(state, p, cut)))
+        for cut in _truncations(v):
+            expect(StateError, _load(small.root, st, set_path(state, p, cut)))
 
 
 @pytest.mark.parametrize("field,value", [

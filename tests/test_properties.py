@@ -43,7 +43,7 @@ def _write(tmp, layout, page_index):
                                 tokens_len=(0, 3))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(layout=layouts, s=stream_settings, data=st.data())
 def test_resume_equals_uninterrupted(layout, s, data):
     s = dict(s)
@@ -70,7 +70,7 @@ def test_resume_equals_uninterrupted(layout, s, data):
             assert head + mid + rest2 == full, f"k={k} j={j} n={n}"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     layout=layouts,
     world=st.integers(1, 4),
