@@ -94,11 +94,18 @@ class Converter:
         if self.output == "python":
             cols: list[Any] = [c.to_pylist() for c in rb.columns]
         else:
-            cols = []
-            for c, k in zip(rb.columns, self.kinds):
-                v = self._column(c, k)
-                if k == _NUM and not c.null_count:
-                    v = list(v.unbind(0)) if self._torch is not None else list(v)
-                cols.append(v)
+            cols = [
+                self._num_rows(c) if k == _NUM else self._column(c, k)
+                for c, k in zip(rb.columns, self.kinds)
+            ]
         names = self.names
         return [dict(zip(names, vals)) for vals in zip(*cols)]
+
+    def _num_rows(self, arr: pa.Array) -> list[Any]:
+        """One numpy scalar / 0-d tensor per row; ``None`` where the value is null."""
+        if not arr.null_count:
+            v = self._num(arr)
+            return list(v.unbind(0)) if self._torch is not None else list(v)
+        filled = arr.fill_null(False if pa.types.is_boolean(arr.type) else 0)
+        vals = self._num_rows(filled)
+        return [x if ok else None for x, ok in zip(vals, arr.is_valid().to_pylist())]

@@ -12,11 +12,11 @@ A state is a ``dict`` that ``torch.save``/``torch.load(weights_only=True)``, ``p
       "first_epoch": int,            # first epoch of the pass (set_epoch)
       "slot": None | {"index": int, "count": int},     # None: nothing read yet
       "position": None | {"epoch": int, "cursor": int, "emitted": int,
-                          "rng_word_pos": int, "buffer": bytes},
+                          "rng_word_pos": int, "buffer": str},
     }
 
 ``position`` is the Rust core's ``SlotState`` (see rust/core/src/state.rs): row coordinates only,
-8 bytes per buffered row, nothing that depends on row width. The core validates it on load;
+8 bytes per buffered row (little-endian u64 row ids, base64), nothing that depends on row width. The core validates it on load;
 this module checks the envelope and says exactly what differs when a state does not belong here.
 """
 
@@ -76,13 +76,15 @@ def _exact_keys(d: Any, keys: tuple[str, ...], what: str) -> dict[str, Any]:
     return d
 
 
-def _int(v: Any, what: str, *, allow_none: bool = False, minimum: int = 0) -> int | None:
-    if v is None and allow_none:
-        return None
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+
+
+def _int(v: Any, what: str, *, minimum: int = 0, maximum: int = U64_MAX) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise StateError(f"{what} must be an int, got {type(v).__name__}")
-    if v < minimum:
-        raise StateError(f"{what} must be >= {minimum}, got {v}")
+    if not minimum <= v <= maximum:
+        raise StateError(f"{what} must be in [{minimum}, {maximum}], got {v}")
     return v
 
 
@@ -128,7 +130,6 @@ def check(
         raise StateError("state was saved with different settings: " + "; ".join(diffs))
 
     first_epoch = _int(state[KEY_FIRST_EPOCH], "state['first_epoch']")
-    assert first_epoch is not None
     slot_d = state[KEY_SLOT]
     position = state[KEY_POSITION]
     if slot_d is None:
@@ -136,9 +137,8 @@ def check(
             raise StateError("state has a position but no slot")
         return first_epoch, None, None
     _exact_keys(slot_d, SLOT_KEYS, "state['slot']")
-    index = _int(slot_d["index"], "state['slot']['index']")
-    count = _int(slot_d["count"], "state['slot']['count']", minimum=1)
-    assert index is not None and count is not None
+    index = _int(slot_d["index"], "state['slot']['index']", maximum=U32_MAX)
+    count = _int(slot_d["count"], "state['slot']['count']", minimum=1, maximum=U32_MAX)
     if index >= count:
         raise StateError(f"state['slot'] index {index} is not below count {count}")
     if not isinstance(position, dict):

@@ -13,6 +13,9 @@
 
 use std::ops::Range;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+
 use crate::error::{Error, Result};
 use crate::plan::EpochPlan;
 
@@ -41,15 +44,22 @@ impl SlotState {
         }
     }
 
-    /// The buffer as packed little-endian u64s (8 bytes per buffered row).
-    pub fn buffer_bytes(&self) -> Vec<u8> {
-        self.buffer.iter().flat_map(|r| r.to_le_bytes()).collect()
+    /// The buffer as packed little-endian u64s (8 bytes per buffered row), base64-encoded.
+    ///
+    /// A `str`, not `bytes`: torch's `weights_only` unpickler rejects empty `bytes`, pickle
+    /// protocol 2 (torch.save's) inflates bytes through latin-1, and a string is also JSON.
+    pub fn buffer_base64(&self) -> String {
+        let raw: Vec<u8> = self.buffer.iter().flat_map(|r| r.to_le_bytes()).collect();
+        BASE64.encode(raw)
     }
 
-    pub fn buffer_from_bytes(bytes: &[u8]) -> Result<Vec<u64>> {
+    pub fn buffer_from_base64(text: &str) -> Result<Vec<u64>> {
+        let bytes = BASE64
+            .decode(text)
+            .map_err(|e| Error::State(format!("state field 'buffer' is not valid base64: {e}")))?;
         if bytes.len() % 8 != 0 {
             return Err(Error::State(format!(
-                "state field 'buffer' has {} bytes, not a whole number of 8-byte row ids (truncated?)",
+                "state field 'buffer' holds {} bytes, not a whole number of 8-byte row ids (truncated?)",
                 bytes.len()
             )));
         }
@@ -112,5 +122,24 @@ impl SlotState {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_encoding_round_trips_and_rejects_truncation() {
+        let st = SlotState {
+            buffer: vec![0, 1, u64::MAX, 1 << 40],
+            ..SlotState::start_of(0)
+        };
+        let text = st.buffer_base64();
+        assert_eq!(SlotState::buffer_from_base64(&text).unwrap(), st.buffer);
+        assert_eq!(SlotState::buffer_from_base64("").unwrap(), Vec::<u64>::new());
+        let short = BASE64.encode([1u8, 2, 3]);
+        assert!(matches!(SlotState::buffer_from_base64(&short), Err(Error::State(_))));
+        assert!(matches!(SlotState::buffer_from_base64("not base64!"), Err(Error::State(_))));
     }
 }

@@ -7,7 +7,7 @@ mod error;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyDict, PyList};
 use pyo3_arrow::{PyRecordBatch, PySchema};
 use shardstream_core::{Catalog, Error, Slot, SlotState, Stream, StreamOptions};
 
@@ -182,7 +182,7 @@ fn state_to_py<'py>(py: Python<'py>, st: &SlotState) -> PyResult<Bound<'py, PyDi
     d.set_item("cursor", st.cursor)?;
     d.set_item("emitted", st.emitted)?;
     d.set_item("rng_word_pos", st.rng_word_pos)?;
-    d.set_item("buffer", PyBytes::new(py, &st.buffer_bytes()))?;
+    d.set_item("buffer", st.buffer_base64())?;
     Ok(d)
 }
 
@@ -214,15 +214,15 @@ fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
             .map_err(|_| bad(format!("slot state field \"rng_word_pos\" must be a non-negative int, got {rng:?}")))?
     };
     let buf = field("buffer")?;
-    let bytes = buf
-        .cast::<PyBytes>()
-        .map_err(|_| bad(format!("slot state field \"buffer\" must be bytes, got {}", buf.get_type())))?;
+    let text: String = buf
+        .extract()
+        .map_err(|_| bad(format!("slot state field \"buffer\" must be a str, got {}", buf.get_type())))?;
     Ok(SlotState {
         epoch: int("epoch")?,
         cursor: int("cursor")?,
         emitted: int("emitted")?,
         rng_word_pos,
-        buffer: SlotState::buffer_from_bytes(bytes.as_bytes()).map_err(|e| to_py(py, e))?,
+        buffer: SlotState::buffer_from_base64(&text).map_err(|e| to_py(py, e))?,
     })
 }
 
