@@ -147,9 +147,9 @@ def test_dataloader_spawn(small):
 SDL_SETTINGS = dict(output="torch", batch_size=16, shuffle_buffer=7, seed=1, epochs=2)
 
 
-def _sdl(source, settings, nw, ctx=None):
+def _sdl(source, settings, nw, ctx=None, **kw):
     return StatefulDataLoader(make_ds(source, settings), batch_size=None, num_workers=nw,
-                              multiprocessing_context=ctx)
+                              multiprocessing_context=ctx, **kw)
 
 
 def _first_diff(a, b):
@@ -256,3 +256,19 @@ def test_more_workers_than_rows(shard_factory, num_workers):
     settings = dict(output="python", batch_size=2, shuffle_buffer=3, seed=1, epochs=2)
     full = _sdl_resume_check(ss.root, settings, num_workers, lambda n: list(range(n + 1)))
     assert Counter(flat_ids(full)) == Counter({0: 2, 1: 2, 2: 2})
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_sparse_snapshots(small, num_workers):
+    """snapshot_every_n_steps > 1: torchdata restores an older worker snapshot and replays."""
+    settings = dict(output="numpy", batch_size=16, shuffle_buffer=7, seed=1, epochs=2)
+    full = loader_keys(_sdl(small.root, settings, num_workers))
+    for k in (5, len(full) // 2 + 1):
+        loader = _sdl(small.root, settings, num_workers, snapshot_every_n_steps=4)
+        it = iter(loader)
+        head = [item_key(next(it), True) for _ in range(k)]
+        state = torch_roundtrip(loader.state_dict())
+        assert head + [item_key(x, True) for x in it] == full
+        loader2 = _sdl(small.root, settings, num_workers, snapshot_every_n_steps=4)
+        loader2.load_state_dict(state)
+        assert head + loader_keys(loader2) == full, f"k={k}"

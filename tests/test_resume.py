@@ -203,3 +203,15 @@ def test_state_after_exhausted_pass(small):
     full = keys_of(ds, False)
     rest = resume_rest(small.root, settings, torch_roundtrip(ds.state_dict()))
     assert rest in ([], full), f"{len(rest)} items after loading an end-of-pass state"
+
+
+def test_set_epoch_after_load_resets_position(small):
+    settings = dict(output="python", shuffle_buffer=7, seed=3, epochs=2)
+    full = full_stream(small.root, settings)
+    ds = make_ds(small.root, settings)
+    take(iter(ds), 600)
+    state = torch_roundtrip(ds.state_dict())
+    ds2 = make_ds(small.root, settings)
+    ds2.load_state_dict(state)
+    ds2.set_epoch(0)
+    assert keys_of(ds2, False) == full

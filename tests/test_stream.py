@@ -494,3 +494,25 @@ def test_rank_defaults_from_env(small, monkeypatch):
 
 def test_torch_iterable_dataset_subclass(small):
     assert isinstance(ParquetStream(small.root), torch.utils.data.IterableDataset)
+
+
+def test_rank_defaults_from_torch_distributed_over_env(small, tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        got = full_stream(small.root, dict(output="python"))
+    finally:
+        dist.destroy_process_group()
+    assert got == list(range(small.num_rows)), "torch.distributed (rank 0 of 1) must win over env"
+
+
+def test_source_dedup_of_equivalent_spellings(small):
+    p = sorted(small.paths)[0]
+    root = os.path.dirname(p)
+    odd = os.path.join(root, "..", os.path.basename(root), os.path.basename(p))
+    ds = ParquetStream([p, odd], output="python", columns=["id"])
+    assert ds.shards == [p]
+    assert [r["id"] for r in ds] == all_ids([p])
