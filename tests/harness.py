@@ -181,8 +181,9 @@ def interrupt_points(
     max_boundary_points: int = 16,
     rng_seed: int = 0,
 ) -> list[int]:
-    """0, 1, middle, last item, after the last item, epoch boundaries (+-1), row-group and
-    shard boundaries (+1) and mid-row-group positions of the first epoch, random points."""
+    """0, 1, middle, last item, after the last item, epoch boundaries (+-1), every row-group and
+    shard boundary of the first epoch, a sample of (boundary + 1) and mid-row-group positions,
+    random points."""
     rnd = random.Random(rng_seed)
     bs = settings.get("batch_size")
     drop_last = settings.get("drop_last", False)
@@ -193,12 +194,15 @@ def interrupt_points(
     essential = {0, 1, n_items // 2, n_items - 1, n_items}
     for e in range(1, (epochs or 1) + 1):
         essential |= {e * per - 1, e * per, e * per + 1}
+    # every row-group / shard end of the first epoch is always a point; the item after it
+    # and mid-row-group positions are sampled
     boundary: set[int] = set()
     row = 0
     for shard in layout:
         for size in shard:
             mid = row + size // 2
             row += size
+            essential.add(row if bs is None else row // bs)
             for r in (row, mid):
                 k = r if bs is None else r // bs
                 boundary |= {k, k + 1}
