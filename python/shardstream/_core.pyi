@@ -31,6 +31,9 @@ class RawStream:
         slot_index: int,
         slot_count: int,
         read_batch_rows: int = 8192,
+        readahead_threads: int = 0,
+        readahead_depth: int = 2,
+        piece_rows: int = 65536,
         keep_batch_start: bool = False,
     ) -> None: ...
     def next_batch(self, max_rows: int) -> pa.RecordBatch | None: ...

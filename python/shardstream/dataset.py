@@ -83,6 +83,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         rank, world_size: this process's place among distributed ranks; default from
             ``torch.distributed`` if initialized, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
         read_batch_rows: rows per decoded Parquet batch (tuning only; never changes the stream).
+        readahead_threads: background decoding threads per iterator (``0`` decodes in the
+            caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1. Threads
+            start on the first ``next()`` (inside the worker process), never before a fork.
+        readahead_depth: decoded batches each readahead thread may hold ready.
 
     Example:
         >>> import tempfile, shardstream.datagen as dg
@@ -112,6 +116,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         rank: int | None = None,
         world_size: int | None = None,
         read_batch_rows: int = 8192,
+        readahead_threads: int | None = None,
+        readahead_depth: int = 2,
     ) -> None:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
@@ -125,6 +131,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         if read_batch_rows <= 0:
             raise ValueError(f"read_batch_rows must be positive, got {read_batch_rows!r}")
+        if readahead_threads is not None and readahead_threads < 0:
+            raise ValueError(f"readahead_threads must be >= 0 or None, got {readahead_threads!r}")
+        if readahead_depth <= 0:
+            raise ValueError(f"readahead_depth must be positive, got {readahead_depth!r}")
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together (or neither)")
         if world_size is not None and rank is not None and not 0 <= rank < world_size:
@@ -140,6 +150,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._rank = rank
         self._world_size = world_size
         self._read_batch_rows = read_batch_rows
+        self._readahead_threads = readahead_threads
+        self._readahead_depth = readahead_depth
         self._catalog: RawCatalog | None = RawCatalog(self._sources, self._columns)
         self._fingerprint: dict[str, Any] = self._catalog.fingerprint()
         self._first_epoch = 0
@@ -200,6 +212,15 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         wid, nw = _worker()
         return rank * nw + wid, world * nw
 
+    def _threads(self) -> int:
+        if self._readahead_threads is not None:
+            return self._readahead_threads
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        return max(1, min(4, cores // _worker()[1]))
+
     def _new_stream(self, slot: tuple[int, int]) -> RawStream:
         return RawStream(
             self.catalog,
@@ -210,6 +231,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             slot_index=slot[0],
             slot_count=slot[1],
             read_batch_rows=self._read_batch_rows,
+            readahead_threads=self._threads(),
+            readahead_depth=self._readahead_depth,
             keep_batch_start=self._batch_size is None,
         )
 

@@ -125,7 +125,9 @@ impl Catalog {
         if row >= self.total_rows {
             return None;
         }
-        let s = self.shards.partition_point(|sh| sh.first_row + sh.num_rows <= row);
+        let s = self
+            .shards
+            .partition_point(|sh| sh.first_row + sh.num_rows <= row);
         let shard = &self.shards[s];
         let within = row - shard.first_row;
         let g = shard
@@ -143,15 +145,19 @@ fn has_glob_chars(s: &str) -> bool {
 /// de-duplicated list of absolute file paths. Anything that names nothing is an error naming it.
 pub fn resolve_sources(sources: &[String]) -> Result<Vec<PathBuf>> {
     if sources.is_empty() {
-        return Err(Error::Config("no source given: pass a file, directory or glob".into()));
+        return Err(Error::Config(
+            "no source given: pass a file, directory or glob".into(),
+        ));
     }
     let mut out = BTreeSet::new();
     for src in sources {
         let before = out.len();
         if has_glob_chars(src) {
-            let entries = glob::glob(src).map_err(|e| Error::Config(format!("bad glob {src:?}: {e}")))?;
+            let entries =
+                glob::glob(src).map_err(|e| Error::Config(format!("bad glob {src:?}: {e}")))?;
             for entry in entries {
-                let p = entry.map_err(|e| Error::io(e.path(), std::io::Error::other(e.to_string())))?;
+                let p =
+                    entry.map_err(|e| Error::io(e.path(), std::io::Error::other(e.to_string())))?;
                 if p.is_dir() {
                     walk_dir(&p, &mut out)?;
                 } else {
@@ -229,8 +235,12 @@ fn read_footer(path: &Path, root: &Path, first_row: u64) -> Result<Shard> {
     let mut row_groups = Vec::with_capacity(md.num_row_groups());
     let mut rows = 0u64;
     for rg in md.row_groups() {
-        let n = u64::try_from(rg.num_rows())
-            .map_err(|_| Error::shard(path, format!("row group with negative row count {}", rg.num_rows())))?;
+        let n = u64::try_from(rg.num_rows()).map_err(|_| {
+            Error::shard(
+                path,
+                format!("row group with negative row count {}", rg.num_rows()),
+            )
+        })?;
         let byte_offset = rg
             .columns()
             .iter()
@@ -291,14 +301,22 @@ fn project(shards: &mut [Shard], columns: Option<&[String]>) -> Result<SchemaRef
             }
             cols.to_vec()
         }
-        None => first_schema.fields().iter().map(|f| f.name().clone()).collect(),
+        None => first_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect(),
     };
     let mut fields: Vec<Field> = Vec::with_capacity(names.len());
     for name in &names {
         let f = first_schema.field_with_name(name).map_err(|_| {
             Error::Schema(format!(
                 "unknown column {name:?}: {first_path} has columns {:?}",
-                first_schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                first_schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name())
+                    .collect::<Vec<_>>()
             ))
         })?;
         fields.push(f.as_ref().clone().with_metadata(Default::default()));

@@ -4,6 +4,7 @@
 //! - [`catalog`]: resolve sources, read footers once, check schemas, fingerprint the shard set.
 //! - [`plan`]: the order of an epoch (row groups, permuted per epoch) cut into slots.
 //! - [`reader`]: read a run of rows of one row group — where resume seeks.
+//! - [`prefetch`]: readahead threads decoding the next pieces in order.
 //! - [`shuffle`]: the row-level shuffle buffer's decisions, shared by data and coordinate paths.
 //! - [`rng`]: the portable PRNG and key derivation (pinned by a golden test).
 //! - [`state`]: a slot's position in row coordinates and the checks a loaded state must pass.
@@ -14,6 +15,7 @@
 pub mod catalog;
 pub mod error;
 pub mod plan;
+pub mod prefetch;
 pub mod reader;
 pub mod rng;
 pub mod shuffle;

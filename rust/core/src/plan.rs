@@ -26,7 +26,9 @@ pub struct Slot {
 impl Slot {
     pub fn new(index: u32, count: u32) -> Result<Self> {
         if count == 0 || index >= count {
-            return Err(Error::Config(format!("slot {index} of {count} is not a valid slot")));
+            return Err(Error::Config(format!(
+                "slot {index} of {count} is not a valid slot"
+            )));
         }
         Ok(Slot { index, count })
     }
@@ -274,14 +276,22 @@ mod tests {
     #[test]
     fn shuffle_depends_on_epoch_and_seed() {
         let u = mk_units(&[1; 50]);
-        let a: Vec<u64> = (0..50).map(|p| EpochPlan::new(u.clone(), 1, 0, true).row_at(p)).collect();
-        let b: Vec<u64> = (0..50).map(|p| EpochPlan::new(u.clone(), 1, 1, true).row_at(p)).collect();
-        let c: Vec<u64> = (0..50).map(|p| EpochPlan::new(u.clone(), 2, 0, true).row_at(p)).collect();
+        let a: Vec<u64> = (0..50)
+            .map(|p| EpochPlan::new(u.clone(), 1, 0, true).row_at(p))
+            .collect();
+        let b: Vec<u64> = (0..50)
+            .map(|p| EpochPlan::new(u.clone(), 1, 1, true).row_at(p))
+            .collect();
+        let c: Vec<u64> = (0..50)
+            .map(|p| EpochPlan::new(u.clone(), 2, 0, true).row_at(p))
+            .collect();
         let plain: Vec<u64> = (0..50).collect();
         assert_ne!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, plain);
-        let d: Vec<u64> = (0..50).map(|p| EpochPlan::new(u.clone(), 1, 0, false).row_at(p)).collect();
+        let d: Vec<u64> = (0..50)
+            .map(|p| EpochPlan::new(u.clone(), 1, 0, false).row_at(p))
+            .collect();
         assert_eq!(d, plain);
     }
 }

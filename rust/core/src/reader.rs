@@ -11,7 +11,9 @@ use std::fs::File;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
+};
 
 use crate::catalog::{Catalog, Shard};
 use crate::error::{Error, Result};
@@ -29,7 +31,10 @@ pub struct SegmentReader {
 
 impl SegmentReader {
     pub fn open(catalog: Arc<Catalog>, seg: &Segment, batch_rows: usize) -> Result<Self> {
-        let selection = vec![RowSelector::skip(seg.start as usize), RowSelector::select(seg.len as usize)];
+        let selection = vec![
+            RowSelector::skip(seg.start as usize),
+            RowSelector::select(seg.len as usize),
+        ];
         let shard = catalog.shard(seg.shard);
         let inner = open_row_group(shard, seg.row_group, selection, batch_rows)?;
         Ok(SegmentReader {
@@ -49,11 +54,16 @@ impl SegmentReader {
         }
         let shard = self.catalog.shard(self.shard);
         let batch = match self.inner.next() {
-            Some(b) => b.map_err(|e| Error::shard(&shard.path, format!("row group {}: {e}", self.row_group)))?,
+            Some(b) => b.map_err(|e| {
+                Error::shard(&shard.path, format!("row group {}: {e}", self.row_group))
+            })?,
             None => {
                 return Err(Error::shard(
                     &shard.path,
-                    format!("row group {} ended {} rows early", self.row_group, self.remaining),
+                    format!(
+                        "row group {} ended {} rows early",
+                        self.row_group, self.remaining
+                    ),
                 ))
             }
         };
@@ -61,7 +71,10 @@ impl SegmentReader {
         if n == 0 || n > self.remaining {
             return Err(Error::shard(
                 &shard.path,
-                format!("row group {} returned {n} rows where {} were left", self.row_group, self.remaining),
+                format!(
+                    "row group {} returned {n} rows where {} were left",
+                    self.row_group, self.remaining
+                ),
             ));
         }
         let first = self.next_row;
@@ -89,7 +102,11 @@ fn open_row_group(
 
 /// Reorder a file's projected columns into the requested order under the output schema.
 fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
-    let cols = shard.reorder.iter().map(|&i| batch.column(i).clone()).collect();
+    let cols = shard
+        .reorder
+        .iter()
+        .map(|&i| batch.column(i).clone())
+        .collect();
     RecordBatch::try_new(catalog.schema().clone(), cols)
         .map_err(|e| Error::shard(&shard.path, format!("unexpected column data: {e}")))
 }

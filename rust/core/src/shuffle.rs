@@ -91,7 +91,10 @@ mod tests {
         let (mut cursor, mut emitted) = (0, 0);
         let mut src = Counter(0);
         let mut out = Vec::new();
-        while let Some((r, ())) = b.step(&mut rng, &mut src, &mut cursor, len, &mut emitted).unwrap() {
+        while let Some((r, ())) = b
+            .step(&mut rng, &mut src, &mut cursor, len, &mut emitted)
+            .unwrap()
+        {
             out.push(r);
         }
         out

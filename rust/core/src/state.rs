@@ -72,12 +72,23 @@ impl SlotState {
     /// Check this state against the plan of its epoch, the slot's range and buffer capacity.
     pub fn validate(&self, plan: &EpochPlan, range: &Range<u64>, capacity: usize) -> Result<()> {
         let len = range.end - range.start;
-        let bad = |msg: String| Err(Error::State(format!("invalid state for epoch {}: {msg}", self.epoch)));
+        let bad = |msg: String| {
+            Err(Error::State(format!(
+                "invalid state for epoch {}: {msg}",
+                self.epoch
+            )))
+        };
         if self.cursor > len {
-            return bad(format!("cursor {} is past the end of the slot's {len} rows", self.cursor));
+            return bad(format!(
+                "cursor {} is past the end of the slot's {len} rows",
+                self.cursor
+            ));
         }
         if self.emitted > self.cursor {
-            return bad(format!("{} rows emitted but only {} read", self.emitted, self.cursor));
+            return bad(format!(
+                "{} rows emitted but only {} read",
+                self.emitted, self.cursor
+            ));
         }
         let held = self.cursor - self.emitted;
         if held != self.buffer.len() as u64 {
@@ -111,7 +122,9 @@ impl SlotState {
             for (row, pos) in self.buffer.iter().zip(positions) {
                 match pos {
                     Some(p) if consumed.contains(&p) => {}
-                    Some(_) => return bad(format!("buffered row {row} was not read by this slot yet")),
+                    Some(_) => {
+                        return bad(format!("buffered row {row} was not read by this slot yet"))
+                    }
                     None => return bad(format!("buffered row {row} is outside the dataset")),
                 }
             }
@@ -137,9 +150,18 @@ mod tests {
         };
         let text = st.buffer_base64();
         assert_eq!(SlotState::buffer_from_base64(&text).unwrap(), st.buffer);
-        assert_eq!(SlotState::buffer_from_base64("").unwrap(), Vec::<u64>::new());
+        assert_eq!(
+            SlotState::buffer_from_base64("").unwrap(),
+            Vec::<u64>::new()
+        );
         let short = BASE64.encode([1u8, 2, 3]);
-        assert!(matches!(SlotState::buffer_from_base64(&short), Err(Error::State(_))));
-        assert!(matches!(SlotState::buffer_from_base64("not base64!"), Err(Error::State(_))));
+        assert!(matches!(
+            SlotState::buffer_from_base64(&short),
+            Err(Error::State(_))
+        ));
+        assert!(matches!(
+            SlotState::buffer_from_base64("not base64!"),
+            Err(Error::State(_))
+        ));
     }
 }

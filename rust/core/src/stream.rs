@@ -21,7 +21,8 @@ use arrow_select::interleave::interleave_record_batch;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::plan::{units, EpochPlan, PlanCursor, Slot, Unit};
+use crate::plan::{units, EpochPlan, PlanCursor, Segment, Slot, Unit};
+use crate::prefetch::{pieces, Prefetcher};
 use crate::reader::{read_rows, SegmentReader};
 use crate::rng::{derive_key, Prng};
 use crate::shuffle::{Buffer, RowSource};
@@ -39,6 +40,12 @@ pub struct StreamOptions {
     pub epochs: Option<u64>,
     /// Rows per decoded batch (a tuning knob; does not change the stream).
     pub read_batch_rows: usize,
+    /// Background decoding threads; 0 decodes synchronously in the caller.
+    pub readahead_threads: usize,
+    /// Decoded batches each readahead thread may hold ready.
+    pub readahead_depth: usize,
+    /// Largest run of rows one readahead task decodes (splits big row groups).
+    pub piece_rows: u64,
 }
 
 impl Default for StreamOptions {
@@ -49,6 +56,9 @@ impl Default for StreamOptions {
             first_epoch: 0,
             epochs: Some(1),
             read_batch_rows: 8192,
+            readahead_threads: 0,
+            readahead_depth: 2,
+            piece_rows: 65536,
         }
     }
 }
@@ -111,55 +121,128 @@ impl Slab {
         if refs.is_empty() {
             return Ok(RecordBatch::new_empty(schema.clone()));
         }
-        let idx: Vec<(usize, usize)> = locs.iter().map(|l| (index_of[l.batch as usize], l.row as usize)).collect();
+        let idx: Vec<(usize, usize)> = locs
+            .iter()
+            .map(|l| (index_of[l.batch as usize], l.row as usize))
+            .collect();
         interleave_record_batch(&refs, &idx).map_err(|e| Error::Internal(format!("gather: {e}")))
     }
+}
+
+/// Where decoded batches come from: this thread, or readahead threads started on first use.
+enum Source {
+    Sync {
+        segments: VecDeque<Segment>,
+        reader: Option<SegmentReader>,
+    },
+    NotStarted(Vec<Segment>),
+    Ahead(Prefetcher),
 }
 
 /// Sequential reader over the rest of a slot's range.
 struct Input {
     catalog: Arc<Catalog>,
-    segments: VecDeque<crate::plan::Segment>,
-    reader: Option<SegmentReader>,
+    source: Source,
     batch: Option<RecordBatch>,
     first_row: u64,
     offset: usize,
     /// Slab entry holding `batch` (shuffle path only); pinned with one extra reference.
     pinned: Option<u32>,
-    batch_rows: usize,
+    opts: StreamOptions,
 }
 
 impl Input {
-    fn new(catalog: Arc<Catalog>, plan: &EpochPlan, range: Range<u64>, batch_rows: usize) -> Self {
+    fn new(
+        catalog: Arc<Catalog>,
+        plan: &EpochPlan,
+        range: Range<u64>,
+        opts: &StreamOptions,
+    ) -> Self {
+        let segments = plan.segments(range);
+        let source = if opts.readahead_threads == 0 {
+            Source::Sync {
+                segments: segments.into(),
+                reader: None,
+            }
+        } else {
+            Source::NotStarted(pieces(&catalog, segments, opts.piece_rows))
+        };
         Input {
-            segments: plan.segments(range).into(),
             catalog,
-            reader: None,
+            source,
             batch: None,
             first_row: 0,
             offset: 0,
             pinned: None,
-            batch_rows,
+            opts: opts.clone(),
         }
     }
 
-    /// Make sure `batch` has a row left; the caller never asks past the slot's range.
-    fn fill(&mut self) -> Result<bool> {
-        while self.batch.as_ref().is_none_or(|b| self.offset >= b.num_rows()) {
-            if let Some(r) = self.reader.as_mut() {
-                if let Some((first, b)) = r.next_batch()? {
-                    self.batch = Some(b);
-                    self.first_row = first;
-                    self.offset = 0;
-                    return Ok(true);
+    /// True unless readahead threads were started by another process (we were forked).
+    fn owned_by_this_process(&self) -> bool {
+        match &self.source {
+            Source::Ahead(p) => p.owned_by_this_process(),
+            _ => true,
+        }
+    }
+
+    fn next_decoded(&mut self) -> Result<Option<(u64, RecordBatch)>> {
+        loop {
+            match &mut self.source {
+                Source::Sync { segments, reader } => {
+                    if let Some(r) = reader.as_mut() {
+                        if let Some(b) = r.next_batch()? {
+                            return Ok(Some(b));
+                        }
+                    }
+                    match segments.pop_front() {
+                        Some(seg) => {
+                            *reader = Some(SegmentReader::open(
+                                self.catalog.clone(),
+                                &seg,
+                                self.opts.read_batch_rows,
+                            )?)
+                        }
+                        None => return Ok(None),
+                    }
                 }
-            }
-            match self.segments.pop_front() {
-                Some(seg) => self.reader = Some(SegmentReader::open(self.catalog.clone(), &seg, self.batch_rows)?),
-                None => return Err(Error::Internal("input read past the end of the slot".into())),
+                Source::NotStarted(pieces) => {
+                    let pieces = std::mem::take(pieces);
+                    let o = &self.opts;
+                    self.source = Source::Ahead(Prefetcher::start(
+                        self.catalog.clone(),
+                        pieces,
+                        o.readahead_threads,
+                        o.readahead_depth,
+                        o.read_batch_rows,
+                    )?);
+                }
+                Source::Ahead(p) => return p.next_batch(),
             }
         }
-        Ok(false)
+    }
+
+    /// Make sure `batch` has a row left (true if a new batch was loaded); the caller never asks
+    /// past the slot's range.
+    fn fill(&mut self) -> Result<bool> {
+        if self
+            .batch
+            .as_ref()
+            .is_some_and(|b| self.offset < b.num_rows())
+        {
+            return Ok(false);
+        }
+        match self.next_decoded()? {
+            Some((first, b)) => {
+                self.batch = Some(b);
+                self.first_row = first;
+                self.offset = 0;
+                Ok(true)
+            }
+            None => Err(Error::Internal(
+                "input read past the end of the slot".into(),
+            )),
+        }
     }
 
     /// Up to `max` rows from the current batch, as a zero-copy slice.
@@ -193,7 +276,13 @@ impl RowSource for DataRows<'_> {
         let row = self.input.offset;
         self.input.offset += 1;
         self.slab.refs[id as usize] += 1;
-        Ok((self.input.first_row + row as u64, Loc { batch: id, row: row as u32 }))
+        Ok((
+            self.input.first_row + row as u64,
+            Loc {
+                batch: id,
+                row: row as u32,
+            },
+        ))
     }
 }
 
@@ -235,11 +324,18 @@ pub struct Stream {
 impl Stream {
     pub fn new(catalog: Arc<Catalog>, opts: StreamOptions, slot: Slot) -> Result<Self> {
         if opts.epochs == Some(0) {
-            return Err(Error::Config("epochs must be at least 1 (or None for endless)".into()));
+            return Err(Error::Config(
+                "epochs must be at least 1 (or None for endless)".into(),
+            ));
         }
         let units = units(&catalog);
         let shuffle = opts.shuffle_buffer > 0;
-        let plan = Arc::new(EpochPlan::new(units.clone(), opts.seed, opts.first_epoch, shuffle));
+        let plan = Arc::new(EpochPlan::new(
+            units.clone(),
+            opts.seed,
+            opts.first_epoch,
+            shuffle,
+        ));
         let range = slot.range(plan.total());
         let rng = Prng::new(buffer_key(&opts, opts.first_epoch, slot));
         Ok(Stream {
@@ -311,7 +407,12 @@ impl Stream {
 
     fn set_epoch(&mut self, epoch: u64) {
         if self.plan.epoch != epoch {
-            self.plan = Arc::new(EpochPlan::new(self.units.clone(), self.opts.seed, epoch, self.opts.shuffle_buffer > 0));
+            self.plan = Arc::new(EpochPlan::new(
+                self.units.clone(),
+                self.opts.seed,
+                epoch,
+                self.opts.shuffle_buffer > 0,
+            ));
         }
         self.range = self.slot.range(self.plan.total());
         self.rng = Prng::new(buffer_key(&self.opts, epoch, self.slot));
@@ -336,13 +437,21 @@ impl Stream {
         let plan = if end == Some(st.epoch) {
             // "After the last epoch": only the empty state is meaningful there.
             if *st != SlotState::start_of(st.epoch) {
-                return Err(Error::State(format!("state past the last epoch ({}) must be empty", st.epoch)));
+                return Err(Error::State(format!(
+                    "state past the last epoch ({}) must be empty",
+                    st.epoch
+                )));
             }
             self.plan.clone()
         } else if self.plan.epoch == st.epoch {
             self.plan.clone()
         } else {
-            Arc::new(EpochPlan::new(self.units.clone(), self.opts.seed, st.epoch, self.opts.shuffle_buffer > 0))
+            Arc::new(EpochPlan::new(
+                self.units.clone(),
+                self.opts.seed,
+                st.epoch,
+                self.opts.shuffle_buffer > 0,
+            ))
         };
         let range = self.slot.range(plan.total());
         st.validate(&plan, &range, self.opts.shuffle_buffer)?;
@@ -362,7 +471,12 @@ impl Stream {
         let plan = if self.plan.epoch == st.epoch {
             self.plan.clone()
         } else {
-            Arc::new(EpochPlan::new(self.units.clone(), self.opts.seed, st.epoch, self.opts.shuffle_buffer > 0))
+            Arc::new(EpochPlan::new(
+                self.units.clone(),
+                self.opts.seed,
+                st.epoch,
+                self.opts.shuffle_buffer > 0,
+            ))
         };
         let range = self.slot.range(plan.total());
         let len = range.end - range.start;
@@ -382,7 +496,10 @@ impl Stream {
         };
         let mut src = CoordRows(PlanCursor::new(&plan, range.start + st.cursor));
         for _ in 0..k {
-            if buf.step(&mut rng, &mut src, &mut out.cursor, len, &mut out.emitted)?.is_none() {
+            if buf
+                .step(&mut rng, &mut src, &mut out.cursor, len, &mut out.emitted)?
+                .is_none()
+            {
                 break;
             }
         }
@@ -429,12 +546,31 @@ impl Stream {
     }
 
     fn data_side(&mut self) -> Result<&mut DataSide> {
+        if self
+            .data
+            .as_ref()
+            .is_some_and(|d| !d.input.owned_by_this_process())
+        {
+            // Forked since readahead started: the threads are gone and their channels' locks may
+            // be held forever. Abandon (never drop) that side and rebuild it from the state.
+            std::mem::forget(self.data.take());
+        }
         if self.data.is_none() {
             let start = self.range.start + self.cursor;
-            let input = Input::new(self.catalog.clone(), &self.plan, start..self.range.end, self.opts.read_batch_rows);
+            let input = Input::new(
+                self.catalog.clone(),
+                &self.plan,
+                start..self.range.end,
+                &self.opts,
+            );
             let mut slab = Slab::default();
             if !self.buffer.rows.is_empty() {
-                hydrate(&self.catalog, &mut self.buffer, &mut slab, self.opts.read_batch_rows)?;
+                hydrate(
+                    &self.catalog,
+                    &mut self.buffer,
+                    &mut slab,
+                    self.opts.read_batch_rows,
+                )?;
             }
             self.data = Some(DataSide { input, slab });
         }
@@ -469,7 +605,13 @@ impl Stream {
             slab: &mut data.slab,
         };
         while picks.len() < max_rows {
-            match self.buffer.step(&mut self.rng, &mut src, &mut self.cursor, len, &mut self.emitted)? {
+            match self.buffer.step(
+                &mut self.rng,
+                &mut src,
+                &mut self.cursor,
+                len,
+                &mut self.emitted,
+            )? {
                 Some((_, loc)) => picks.push(loc),
                 None => break,
             }
@@ -487,7 +629,10 @@ impl Stream {
             }
             let id = data.slab.insert(merged, self.buffer.data.len() as u32);
             for (i, l) in self.buffer.data.iter_mut().enumerate() {
-                *l = Loc { batch: id, row: i as u32 };
+                *l = Loc {
+                    batch: id,
+                    row: i as u32,
+                };
             }
         }
         Ok(out)
@@ -500,11 +645,19 @@ impl Stream {
 }
 
 fn buffer_key(opts: &StreamOptions, epoch: u64, slot: Slot) -> [u8; 32] {
-    derive_key("shuffle-buffer", &[opts.seed, epoch, slot.index as u64, slot.count as u64])
+    derive_key(
+        "shuffle-buffer",
+        &[opts.seed, epoch, slot.index as u64, slot.count as u64],
+    )
 }
 
 /// Re-read the buffered rows by id and point the buffer at them.
-fn hydrate(catalog: &Catalog, buffer: &mut Buffer<Loc>, slab: &mut Slab, batch_rows: usize) -> Result<()> {
+fn hydrate(
+    catalog: &Catalog,
+    buffer: &mut Buffer<Loc>,
+    slab: &mut Slab,
+    batch_rows: usize,
+) -> Result<()> {
     let mut order: Vec<usize> = (0..buffer.rows.len()).collect();
     order.sort_unstable_by_key(|&i| buffer.rows[i]);
     let sorted: Vec<u64> = order.iter().map(|&i| buffer.rows[i]).collect();
@@ -514,10 +667,193 @@ fn hydrate(catalog: &Catalog, buffer: &mut Buffer<Loc>, slab: &mut Slab, batch_r
         let n = b.num_rows();
         let id = slab.insert(b, n as u32);
         for row in 0..n {
-            buffer.data[order[k]] = Loc { batch: id, row: row as u32 };
+            buffer.data[order[k]] = Loc {
+                batch: id,
+                row: row as u32,
+            };
             k += 1;
         }
     }
     buffer.data.truncate(buffer.rows.len());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::types::Int32Type;
+    use arrow_array::{ArrayRef, Int64Array, ListArray, StringArray};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use proptest::prelude::*;
+
+    /// Shards with uneven row groups (arrow-rs writes an offset index by default).
+    fn write_shards(dir: &std::path::Path, rows: &[usize], rg: usize) -> Vec<String> {
+        let mut id = 0i64;
+        let mut out = Vec::new();
+        for (i, &n) in rows.iter().enumerate() {
+            let path = dir.join(format!("s{i:03}.parquet"));
+            let ids: Vec<i64> = (id..id + n as i64).collect();
+            id += n as i64;
+            let tokens = ListArray::from_iter_primitive::<Int32Type, _, _>(ids.iter().map(|&x| {
+                Some(
+                    (0..(x % 5) as i32)
+                        .map(|k| Some(x as i32 + k))
+                        .collect::<Vec<_>>(),
+                )
+            }));
+            let text = StringArray::from_iter_values(ids.iter().map(|x| format!("row-{x}")));
+            let batch = RecordBatch::try_from_iter([
+                ("id", Arc::new(Int64Array::from(ids)) as ArrayRef),
+                ("tokens", Arc::new(tokens) as ArrayRef),
+                ("text", Arc::new(text) as ArrayRef),
+            ])
+            .unwrap();
+            let props = WriterProperties::builder()
+                .set_max_row_group_row_count(Some(rg.max(1)))
+                .set_data_page_row_count_limit(7)
+                .set_write_batch_size(7)
+                .build();
+            let mut w = ArrowWriter::try_new(
+                std::fs::File::create(&path).unwrap(),
+                batch.schema(),
+                Some(props),
+            )
+            .unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            out.push(path.display().to_string());
+        }
+        out
+    }
+
+    fn ids(b: &RecordBatch) -> Vec<i64> {
+        let col = b.column_by_name("id").unwrap();
+        col.as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .values()
+            .to_vec()
+    }
+
+    fn drain(s: &mut Stream, bs: usize) -> Vec<Vec<i64>> {
+        let mut out = Vec::new();
+        while let Some(b) = s.next_batch(bs).unwrap() {
+            out.push(ids(&b));
+        }
+        out
+    }
+
+    fn opts(shuffle: usize, threads: usize, epochs: u64) -> StreamOptions {
+        StreamOptions {
+            seed: 9,
+            shuffle_buffer: shuffle,
+            epochs: Some(epochs),
+            read_batch_rows: 5,
+            readahead_threads: threads,
+            piece_rows: 6,
+            ..Default::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Readahead (any thread count) yields exactly the synchronous stream, and restoring
+        /// the state taken after any batch continues it exactly, with or without readahead.
+        #[test]
+        fn readahead_and_restore_preserve_the_stream(
+            rows in proptest::collection::vec(0usize..40, 1..5), rg in 1usize..15,
+            shuffle in prop_oneof![Just(0usize), 1usize..60], bs in 1usize..9,
+            threads in 0usize..4, slots in 1u32..3, cut in any::<proptest::sample::Index>(),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let files = write_shards(dir.path(), &rows, rg);
+            let cat = Arc::new(Catalog::open(&files, None).unwrap());
+            let mut seen = Vec::new();
+            for slot in 0..slots {
+                let slot = Slot::new(slot, slots).unwrap();
+                let reference = drain(&mut Stream::new(cat.clone(), opts(shuffle, 0, 2), slot).unwrap(), bs);
+                let ahead = drain(&mut Stream::new(cat.clone(), opts(shuffle, threads, 2), slot).unwrap(), bs);
+                prop_assert_eq!(&ahead, &reference);
+                let k = if reference.is_empty() { 0 } else { cut.index(reference.len() + 1) };
+                let mut s = Stream::new(cat.clone(), opts(shuffle, threads, 2), slot).unwrap();
+                for _ in 0..k {
+                    s.next_batch(bs).unwrap();
+                }
+                let st = s.state();
+                let mut resumed = Stream::new(cat.clone(), opts(shuffle, threads, 2), slot).unwrap();
+                resumed.restore(&st).unwrap();
+                prop_assert_eq!(&drain(&mut resumed, bs)[..], &reference[k..]);
+                seen.extend(reference.into_iter().flatten());
+            }
+            // Two epochs: every row exactly twice over all slots.
+            seen.sort_unstable();
+            let total: usize = rows.iter().sum();
+            let want: Vec<i64> = (0..total as i64).flat_map(|x| [x, x]).collect();
+            prop_assert_eq!(seen, want);
+        }
+
+        /// The state after k rows of a batch, computed on row ids alone, equals the state of a
+        /// stream that really emitted exactly those rows.
+        #[test]
+        fn state_within_batch_matches_real_position(
+            rows in proptest::collection::vec(1usize..30, 1..4), shuffle in 0usize..40,
+            bs in 1usize..12, batches in 0usize..6, k in 0usize..12,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let files = write_shards(dir.path(), &rows, 4);
+            let cat = Arc::new(Catalog::open(&files, None).unwrap());
+            let slot = Slot::new(0, 1).unwrap();
+            let mut a = Stream::new(cat.clone(), opts(shuffle, 0, 1), slot).unwrap();
+            a.keep_batch_start(true);
+            let mut b = Stream::new(cat.clone(), opts(shuffle, 0, 1), slot).unwrap();
+            for _ in 0..batches {
+                if a.next_batch(bs).unwrap().is_none() { break; }
+                b.next_batch(bs).unwrap();
+            }
+            if let Some(batch) = a.next_batch(bs).unwrap() {
+                let k = k.min(batch.num_rows());
+                b.next_batch(k.max(1)).unwrap();
+                let expect = if k == 0 { a.batch_start.clone().unwrap() } else { b.state() };
+                prop_assert_eq!(a.state_within_batch(k).unwrap(), expect);
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_states_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[30, 20], 7);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        let slot = Slot::new(0, 1).unwrap();
+        let mut s = Stream::new(cat.clone(), opts(8, 0, 1), slot).unwrap();
+        s.next_batch(5).unwrap();
+        let good = s.state();
+        let mut fresh = Stream::new(cat.clone(), opts(8, 0, 1), slot).unwrap();
+        fresh.restore(&good).unwrap();
+        let mut bad = vec![];
+        let mut st = good.clone();
+        st.buffer[0] = st.buffer[1];
+        bad.push(("duplicate", st));
+        let mut st = good.clone();
+        st.buffer[0] = 49; // a row this slot has not read yet
+        bad.push(("unread row", st));
+        let mut st = good.clone();
+        st.buffer.pop();
+        bad.push(("short buffer", st));
+        let mut st = good.clone();
+        st.cursor = 51;
+        bad.push(("cursor past end", st));
+        let mut st = good.clone();
+        st.emitted += 1;
+        bad.push(("emitted", st));
+        let mut st = good.clone();
+        st.epoch = 5;
+        bad.push(("epoch", st));
+        for (what, st) in bad {
+            let r = fresh.restore(&st);
+            assert!(matches!(r, Err(Error::State(_))), "{what}: {r:?}");
+        }
+    }
 }

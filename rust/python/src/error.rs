@@ -17,10 +17,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyValueError};
 use pyo3::prelude::*;
+use shardstream_core::error::panic_message;
 use shardstream_core::Error;
 
 fn shardstream_exc(py: Python<'_>, class: &str, msg: String) -> PyErr {
-    match py.import("shardstream.errors").and_then(|m| m.getattr(class)) {
+    match py
+        .import("shardstream.errors")
+        .and_then(|m| m.getattr(class))
+    {
         Ok(cls) => match cls.call1((msg.clone(),)) {
             Ok(inst) => PyErr::from_value(inst),
             Err(e) => e,
@@ -53,13 +57,6 @@ pub fn detach<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Error> + Se
 pub fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(payload) => {
-            let what = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(Error::Internal(what))
-        }
+        Err(payload) => Err(Error::Internal(panic_message(&*payload))),
     }
 }

@@ -25,7 +25,9 @@ impl RawCatalog {
     #[pyo3(signature = (sources, columns=None))]
     fn new(py: Python<'_>, sources: Vec<String>, columns: Option<Vec<String>>) -> PyResult<Self> {
         let cat = detach(py, || Catalog::open(&sources, columns.as_deref()))?;
-        Ok(RawCatalog { inner: Arc::new(cat) })
+        Ok(RawCatalog {
+            inner: Arc::new(cat),
+        })
     }
 
     #[getter]
@@ -35,7 +37,11 @@ impl RawCatalog {
 
     #[getter]
     fn shard_paths(&self) -> Vec<String> {
-        self.inner.shards().iter().map(|s| s.path.display().to_string()).collect()
+        self.inner
+            .shards()
+            .iter()
+            .map(|s| s.path.display().to_string())
+            .collect()
     }
 
     #[getter]
@@ -89,11 +95,18 @@ struct RawStream {
 }
 
 impl RawStream {
-    fn with<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Stream) -> Result<T, Error> + Send) -> PyResult<T> {
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Stream) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
         detach(py, || {
             let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             let stream = guard.as_mut().ok_or_else(|| {
-                Error::Internal("this stream hit an internal error earlier; load the last state into a new one".into())
+                Error::Internal(
+                    "this stream hit an internal error earlier; load the last state into a new one"
+                        .into(),
+                )
             })?;
             let r = error::guard(|| f(stream));
             if matches!(r, Err(Error::Internal(_))) {
@@ -108,7 +121,8 @@ impl RawStream {
 impl RawStream {
     #[new]
     #[pyo3(signature = (catalog, *, seed, shuffle_buffer, first_epoch, epochs, slot_index, slot_count,
-                        read_batch_rows=8192, keep_batch_start=false))]
+                        read_batch_rows=8192, readahead_threads=0, readahead_depth=2,
+                        piece_rows=65536, keep_batch_start=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -120,6 +134,9 @@ impl RawStream {
         slot_index: u32,
         slot_count: u32,
         read_batch_rows: usize,
+        readahead_threads: usize,
+        readahead_depth: usize,
+        piece_rows: u64,
         keep_batch_start: bool,
     ) -> PyResult<Self> {
         let opts = StreamOptions {
@@ -128,6 +145,9 @@ impl RawStream {
             first_epoch,
             epochs,
             read_batch_rows,
+            readahead_threads,
+            readahead_depth,
+            piece_rows,
         };
         let cat = catalog.inner.clone();
         let stream = detach(py, move || {
@@ -141,7 +161,11 @@ impl RawStream {
     }
 
     /// Next batch of up to `max_rows` rows as a `pyarrow.RecordBatch`, or `None` at the end.
-    fn next_batch<'py>(&self, py: Python<'py>, max_rows: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn next_batch<'py>(
+        &self,
+        py: Python<'py>,
+        max_rows: usize,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         match self.with(py, |s| s.next_batch(max_rows))? {
             Some(b) => Ok(Some(PyRecordBatch::new(b).into_pyarrow(py)?)),
             None => Ok(None),
@@ -189,7 +213,9 @@ fn state_to_py<'py>(py: Python<'py>, st: &SlotState) -> PyResult<Bound<'py, PyDi
 fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
     let bad = |msg: String| to_py(py, Error::State(msg));
     for k in d.keys() {
-        let k: String = k.extract().map_err(|_| bad("slot state has a non-string key".into()))?;
+        let k: String = k
+            .extract()
+            .map_err(|_| bad("slot state has a non-string key".into()))?;
         if !SLOT_KEYS.contains(&k.as_str()) {
             return Err(bad(format!("slot state has unknown key {k:?}")));
         }
@@ -201,22 +227,35 @@ fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
     let int = |name: &str| -> PyResult<u64> {
         let v = field(name)?;
         if v.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(bad(format!("slot state field {name:?} must be an int, got bool")));
+            return Err(bad(format!(
+                "slot state field {name:?} must be an int, got bool"
+            )));
         }
-        v.extract::<u64>()
-            .map_err(|_| bad(format!("slot state field {name:?} must be a non-negative int, got {v:?}")))
+        v.extract::<u64>().map_err(|_| {
+            bad(format!(
+                "slot state field {name:?} must be a non-negative int, got {v:?}"
+            ))
+        })
     };
     let rng = field("rng_word_pos")?;
     let rng_word_pos: u128 = if rng.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(bad("slot state field \"rng_word_pos\" must be an int, got bool".into()));
+        return Err(bad(
+            "slot state field \"rng_word_pos\" must be an int, got bool".into(),
+        ));
     } else {
-        rng.extract()
-            .map_err(|_| bad(format!("slot state field \"rng_word_pos\" must be a non-negative int, got {rng:?}")))?
+        rng.extract().map_err(|_| {
+            bad(format!(
+                "slot state field \"rng_word_pos\" must be a non-negative int, got {rng:?}"
+            ))
+        })?
     };
     let buf = field("buffer")?;
-    let text: String = buf
-        .extract()
-        .map_err(|_| bad(format!("slot state field \"buffer\" must be a str, got {}", buf.get_type())))?;
+    let text: String = buf.extract().map_err(|_| {
+        bad(format!(
+            "slot state field \"buffer\" must be a str, got {}",
+            buf.get_type()
+        ))
+    })?;
     Ok(SlotState {
         epoch: int("epoch")?,
         cursor: int("cursor")?,

@@ -1,0 +1,152 @@
+//! Readahead: decode upcoming pieces of the slot's range on background threads.
+//!
+//! Design:
+//! * The pieces (runs of rows inside one row group) are known in advance from the plan, so
+//!   readahead needs no coordination: piece `i` goes to thread `i % threads`, each thread decodes
+//!   its pieces in order into its own bounded channel, and the consumer reads the channels
+//!   round-robin. Output order is therefore exactly the synchronous order, and the state (which
+//!   counts rows *consumed*, never rows decoded) is unaffected by how far readahead got.
+//! * Large row groups are cut into pieces of at most `piece_rows` rows when the file has an
+//!   offset index (each piece then decodes only its own pages), so even a few huge row groups
+//!   keep every thread busy. Without an offset index a piece would re-decode the pages before it,
+//!   so those row groups stay whole.
+//! * Fork safety: threads are only started on the first read (inside the DataLoader worker), and a
+//!   prefetcher that finds itself in a different process than the one that started it (a fork
+//!   happened) is abandoned without touching its channels, whose locks a vanished thread may hold.
+//! * Shutdown: dropping the prefetcher drops the receivers; each thread stops at its next send.
+//!   Nothing joins, so dropping never blocks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+
+use crate::catalog::Catalog;
+use crate::error::{panic_message, Error, Result};
+use crate::plan::Segment;
+use crate::reader::SegmentReader;
+
+enum Msg {
+    Batch(u64, RecordBatch),
+    EndOfPiece,
+    Failed(Error),
+}
+
+/// Split segments into pieces of at most `piece_rows` where the shard allows cheap seeks.
+pub fn pieces(catalog: &Catalog, segments: Vec<Segment>, piece_rows: u64) -> Vec<Segment> {
+    let mut out = Vec::with_capacity(segments.len());
+    for seg in segments {
+        if piece_rows == 0 || seg.len <= piece_rows || !catalog.shard(seg.shard).has_offset_index {
+            out.push(seg);
+            continue;
+        }
+        let mut off = 0;
+        while off < seg.len {
+            let len = piece_rows.min(seg.len - off);
+            out.push(Segment {
+                start: seg.start + off,
+                len,
+                first_row: seg.first_row + off,
+                ..seg
+            });
+            off += len;
+        }
+    }
+    out
+}
+
+/// Background decoding of a fixed list of pieces, consumed in order.
+pub struct Prefetcher {
+    pid: u32,
+    channels: Vec<Receiver<Msg>>,
+    next: usize,
+    stop: Arc<AtomicBool>,
+}
+
+impl Prefetcher {
+    pub fn start(
+        catalog: Arc<Catalog>,
+        pieces: Vec<Segment>,
+        threads: usize,
+        depth: usize,
+        batch_rows: usize,
+    ) -> Result<Self> {
+        let threads = threads.clamp(1, pieces.len().max(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut channels = Vec::with_capacity(threads);
+        for t in 0..threads {
+            let (tx, rx) = sync_channel(depth.max(1));
+            let mine: Vec<Segment> = pieces.iter().skip(t).step_by(threads).copied().collect();
+            let (catalog, stop) = (catalog.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("shardstream-read-{t}"))
+                .spawn(move || decode_pieces(catalog, mine, tx, stop, batch_rows))
+                .map_err(|e| Error::Internal(format!("cannot start a readahead thread: {e}")))?;
+            channels.push(rx);
+        }
+        Ok(Prefetcher {
+            pid: std::process::id(),
+            channels,
+            next: 0,
+            stop,
+        })
+    }
+
+    /// True if this prefetcher's threads live in this process (no fork since it started).
+    pub fn owned_by_this_process(&self) -> bool {
+        self.pid == std::process::id()
+    }
+
+    /// The next decoded batch in piece order; `None` when every piece is done.
+    pub fn next_batch(&mut self) -> Result<Option<(u64, RecordBatch)>> {
+        loop {
+            match self.channels[self.next].recv() {
+                Ok(Msg::Batch(first, b)) => return Ok(Some((first, b))),
+                Ok(Msg::EndOfPiece) => self.next = (self.next + 1) % self.channels.len(),
+                Ok(Msg::Failed(e)) => return Err(e),
+                // The thread owning the next piece has none left: all pieces are done.
+                Err(_) => return Ok(None),
+            }
+        }
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn decode_pieces(
+    catalog: Arc<Catalog>,
+    pieces: Vec<Segment>,
+    tx: SyncSender<Msg>,
+    stop: Arc<AtomicBool>,
+    batch_rows: usize,
+) {
+    let run = || -> Result<bool> {
+        for p in &pieces {
+            let mut reader = SegmentReader::open(catalog.clone(), p, batch_rows)?;
+            while let Some((first, b)) = reader.next_batch()? {
+                if stop.load(Ordering::Relaxed) || tx.send(Msg::Batch(first, b)).is_err() {
+                    return Ok(false);
+                }
+            }
+            if tx.send(Msg::EndOfPiece).is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    // A decoder panic on a corrupt page must surface as an error in the consumer, not vanish.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(|p| {
+        Err(Error::Internal(format!(
+            "readahead thread panicked: {}",
+            panic_message(&*p)
+        )))
+    });
+    if let Err(e) = outcome {
+        let _ = tx.send(Msg::Failed(e));
+    }
+}
