@@ -272,3 +272,27 @@ def test_stateful_dataloader_sparse_snapshots(small, num_workers):
         loader2 = _sdl(small.root, settings, num_workers, snapshot_every_n_steps=4)
         loader2.load_state_dict(state)
         assert head + loader_keys(loader2) == full, f"k={k}"
+
+
+@pytest.mark.timeout(180)
+def test_fork_after_main_process_iteration(small):
+    """Workers forked while the main process has a half-read stream (and whatever background
+    readers it keeps) must not deadlock and must read their slots correctly."""
+    settings = dict(output="torch", batch_size=16, shuffle_buffer=7, seed=1)
+    busy = make_ds(small.root, settings)
+    it = iter(busy)
+    next(it)
+    next(it)
+    for ds in (make_ds(small.root, settings), make_ds(small.root, settings)):
+        loader = DataLoader(ds, batch_size=None, num_workers=2)
+        got = flat_ids(item_key(b, True) for b in loader)
+        assert sorted(got) == sorted(small.ids)
+    # the main-process stream is unaffected by the forks
+    rest = [item_key(b, True) for b in it]
+    full = keys_of(make_ds(small.root, settings), True)
+    assert full[2:] == rest
+    # a dataset that finished a pass in the main process, then handed to workers
+    done = make_ds(small.root, settings)
+    keys_of(done, True)
+    got = flat_ids(item_key(b, True) for b in DataLoader(done, batch_size=None, num_workers=2))
+    assert sorted(got) == sorted(small.ids)

@@ -516,3 +516,16 @@ def test_source_dedup_of_equivalent_spellings(small):
     ds = ParquetStream([p, odd], output="python", columns=["id"])
     assert ds.shards == [p]
     assert [r["id"] for r in ds] == all_ids([p])
+
+
+@pytest.mark.timeout(120)
+def test_abandoned_iterators_do_not_leak_or_disturb(small):
+    st = dict(output="python", batch_size=5, shuffle_buffer=7, seed=1)
+    ds = make_ds(small.root, st)
+    full = keys_of(ds, True)
+    for i in range(40):
+        it = iter(ds)
+        for _ in range(i % 4):
+            next(it)
+        del it
+    assert keys_of(make_ds(small.root, st), True) == full
