@@ -464,3 +464,17 @@ def test_error_does_not_poison_dataset(small, mid_state):
     with pytest.raises(StateError):
         ds.load_state_dict({"bogus": 1})
     assert keys_of(ds, True) == full_stream(small.root, ST)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_corrupt_pages_inside_dataloader_workers(small, tmp_path, num_workers):
+    """A shard whose footer is fine but whose pages are corrupt fails while reading (inside the
+    worker); the error reaches the main process as ShardError naming the file, no hang."""
+    good = Path(small.paths[1]).read_bytes()
+    name = "x-data-pages-flipped.parquet"
+    d = _good_and(tmp_path, small, name, corruptions(good)["data-pages-flipped"])
+    _assert_pyarrow_rejects(os.path.join(d, name))
+    ds = ParquetStream(d, output="torch", batch_size=8, shuffle_buffer=5)
+    loader = DataLoader(ds, batch_size=None, num_workers=num_workers)
+    expect(ShardError, lambda: list(loader), name)
