@@ -217,7 +217,9 @@ def test_stateful_dataloader_resume_row_mode_special(special, num_workers):
 @pytest.mark.timeout(900)
 def test_stateful_dataloader_resume_spawn(small):
     settings = dict(output="numpy", batch_size=32, shuffle_buffer=7, seed=1, epochs=1)
-    _sdl_resume_check(small.root, settings, 2, lambda n: [n // 2], ctx="spawn")
+    # the uninterrupted stream comes from a fork loader: spawn must give the same stream
+    full = loader_keys(_sdl(small.root, settings, 2))
+    _sdl_resume_check(small.root, settings, 2, lambda n: [n // 2], ctx="spawn", full=full)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
