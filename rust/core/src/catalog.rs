@@ -189,8 +189,22 @@ pub fn resolve_sources(sources: &[String]) -> Result<Vec<PathBuf>> {
     Ok(out.into_iter().collect())
 }
 
+/// Absolute and lexically normalized (`a/./b/../c` -> `a/c`), so two spellings of one file are
+/// one shard. Not `canonicalize`: following symlinks would rename shards in the fingerprint.
 fn absolute(p: &Path) -> Result<PathBuf> {
-    std::path::absolute(p).map_err(|e| Error::io(p, e))
+    use std::path::Component;
+    let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Ok(out)
 }
 
 fn walk_dir(dir: &Path, out: &mut BTreeSet<PathBuf>) -> Result<()> {
