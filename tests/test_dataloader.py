@@ -298,3 +298,23 @@ def test_fork_after_main_process_iteration(small):
     keys_of(done, True)
     got = flat_ids(item_key(b, True) for b in DataLoader(done, batch_size=None, num_workers=2))
     assert sorted(got) == sorted(small.ids)
+
+
+@pytest.mark.parametrize("new_workers", [1, 4])
+def test_stateful_dataloader_other_num_workers_is_state_error(small, new_workers):
+    """Slot layout differs (2 workers at save) -> StateError from the workers, not a silently
+    different stream."""
+    from shardstream import StateError
+
+    settings = dict(output="python", batch_size=16, shuffle_buffer=7, seed=1)
+    loader = _sdl(small.root, settings, 2)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = torch_roundtrip(loader.state_dict())
+    for _ in it:  # let the workers finish normally
+        pass
+    loader2 = _sdl(small.root, settings, new_workers)
+    loader2.load_state_dict(state)
+    with pytest.raises(StateError):
+        list(loader2)
