@@ -82,6 +82,11 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         output: ``"torch"``, ``"numpy"``, ``"python"`` or ``"arrow"``.
         rank, world_size: this process's place among distributed ranks; default from
             ``torch.distributed`` if initialized, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
+        even: with several ranks, make every rank yield the same number of items per epoch
+            (so DDP never waits on a rank that ran out): ``"drop"`` skips up to
+            ``world_size * num_workers - 1`` rows per epoch, ``"pad"`` repeats up to that many,
+            ``None`` yields every row exactly once and lets ranks differ by up to one row per
+            slot. A single rank never drops or pads.
         read_batch_rows: rows per decoded Parquet batch (tuning only; never changes the stream).
         readahead_threads: background decoding threads per iterator (``0`` decodes in the
             caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1. Threads
@@ -115,6 +120,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         output: str = "torch",
         rank: int | None = None,
         world_size: int | None = None,
+        even: str | None = "drop",
         read_batch_rows: int = 8192,
         readahead_threads: int | None = None,
         readahead_depth: int = 2,
@@ -129,6 +135,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        if even not in ("drop", "pad", None):
+            raise ValueError(f"even must be 'drop', 'pad' or None, got {even!r}")
         if read_batch_rows <= 0:
             raise ValueError(f"read_batch_rows must be positive, got {read_batch_rows!r}")
         if readahead_threads is not None and readahead_threads < 0:
@@ -149,6 +157,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._output = output
         self._rank = rank
         self._world_size = world_size
+        self._even = even
         self._read_batch_rows = read_batch_rows
         self._readahead_threads = readahead_threads
         self._readahead_depth = readahead_depth
@@ -159,9 +168,11 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
 
     def _reset_position(self) -> None:
         self._stream: RawStream | None = None  # the stream the latest iterator reads
-        self._slot: tuple[int, int] | None = None
+        self._slot: _state.Slot | None = None
         self._rows_into_chunk: int | None = None  # row mode: rows yielded of the last chunk
-        self._pending: tuple[tuple[int, int] | None, dict[str, Any] | None] | None = None
+        # Loaded states not yet applied: (slot, position) of one or more slots; applied by
+        # __iter__, where this iterator's own slot is known.
+        self._pending: list[tuple[_state.Slot, dict[str, Any]]] | None = None
         self._finished = False
         self._generation = 0
 
@@ -200,9 +211,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             "batch_size": self._batch_size,
             "drop_last": self._drop_last,
             "epochs": self._epochs,
+            "even": self._even,
         }
 
-    def _resolve_slot(self) -> tuple[int, int]:
+    def _resolve_slot(self) -> _state.Slot:
         if self._rank is not None and self._world_size is not None:
             rank, world = self._rank, self._world_size
         else:
@@ -210,7 +222,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in [0, world_size={world})")
         wid, nw = _worker()
-        return rank * nw + wid, world * nw
+        # Equal lengths only matter across ranks (DDP); workers of one rank need none.
+        even = "off" if self._even is None or world == 1 else self._even
+        return rank * nw + wid, world * nw, even
 
     def _threads(self) -> int:
         if self._readahead_threads is not None:
@@ -221,19 +235,20 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             cores = os.cpu_count() or 1
         return max(1, min(4, cores // _worker()[1]))
 
-    def _new_stream(self, slot: tuple[int, int]) -> RawStream:
+    def _new_stream(self, slot: _state.Slot, *, first_epoch: int | None = None, probe: bool = False) -> RawStream:
         return RawStream(
             self.catalog,
             seed=self._seed,
             shuffle_buffer=self._shuffle_buffer,
-            first_epoch=self._first_epoch,
+            first_epoch=self._first_epoch if first_epoch is None else first_epoch,
             epochs=self._epochs,
             slot_index=slot[0],
             slot_count=slot[1],
+            even=slot[2],
             read_batch_rows=self._read_batch_rows,
-            readahead_threads=self._threads(),
+            readahead_threads=0 if probe else self._threads(),
             readahead_depth=self._readahead_depth,
-            keep_batch_start=self._batch_size is None,
+            keep_batch_start=self._batch_size is None and not probe,
         )
 
     # -- epochs and state ---------------------------------------------------------------------
@@ -252,57 +267,79 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
 
     def state_dict(self) -> dict[str, Any]:
         """The position right after the last item this dataset yielded, as plain built-ins."""
+        slot, position = self._slot, self._position()
         if self._pending is not None:
-            slot, position = self._pending
-        else:
-            slot, position = self._slot, self._position()
-            if position is None:
-                slot = None
+            # Loaded but not iterated yet: hand back what was loaded (one slot's state).
+            slot, position = self._pending[0] if len(self._pending) == 1 else (None, None)
+            if len(self._pending) > 1:
+                raise StateError(
+                    "this dataset holds the states of several slots for an elastic resume and "
+                    "has not been iterated yet; save the original states instead"
+                )
+        if position is None:
+            slot = None
         return _state.make(self._fingerprint, self._settings(), self._first_epoch, slot, position)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue after the position in ``state_dict`` on the next ``iter(self)``.
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Continue after a saved position on the next ``iter(self)``.
+
+        ``state_dict`` is one state from :meth:`state_dict` (same ranks and workers: the stream
+        continues identically), or anything holding the states of *every* slot of a checkpoint
+        — a list of all ranks' states, a torchdata ``StatefulDataLoader.state_dict()``, a list
+        of those — to continue with a different number of ranks or workers (elastic resume:
+        every row of the epoch not yet yielded is read exactly once by the new layout).
 
         Raises:
             StateError: the state is malformed, of another version, or saved over other data
                 or with other settings (the message says what differs).
         """
-        first_epoch, slot, position = _state.check(state_dict, self._fingerprint, self._settings())
-        if position is not None and slot is not None:
-            # Full validation now (rows, buffer, epoch), not at the first next(): fail early.
-            probe = RawStream(
-                self.catalog,
-                seed=self._seed,
-                shuffle_buffer=self._shuffle_buffer,
-                first_epoch=first_epoch,
-                epochs=self._epochs,
-                slot_index=slot[0],
-                slot_count=slot[1],
+        found = _state.gather(state_dict)
+        if not found:
+            raise StateError(
+                f"no shardstream state found in the {type(state_dict).__name__} given "
+                "(expected what ParquetStream.state_dict() returns, or a list/loader state holding it)"
             )
-            probe.restore(position)
-        self._first_epoch = first_epoch
+        parsed = [_state.check(s, self._fingerprint, self._settings()) for s in found]
+        first_epochs = sorted({p[0] for p in parsed})
+        if len(first_epochs) > 1:
+            raise StateError(f"the states come from different passes (first epochs {first_epochs})")
+        pending = []
+        for _, slot, position in parsed:
+            if slot is None or position is None:
+                continue  # that slot had not started: nothing to continue
+            # Full validation now (rows, buffer, epoch), not at the first next(): fail early.
+            self._new_stream(slot, first_epoch=first_epochs[0], probe=True).restore(position)
+            pending.append((slot, position))
+        self._first_epoch = first_epochs[0]
         self._reset_position()
-        self._pending = (slot, position)
+        self._pending = pending
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         slot = self._resolve_slot()
+        stream = self._new_stream(slot)
         if self._pending is not None:
-            saved_slot, position = self._pending
-            if saved_slot is not None and saved_slot != slot:
-                raise StateError(
-                    f"state was saved by slot {saved_slot[0]} of {saved_slot[1]} but this iterator "
-                    f"is slot {slot[0]} of {slot[1]} (slot = rank * num_workers + worker_id of "
-                    "world_size * num_workers): resume with the same ranks and num_workers"
-                )
+            own = [p for s, p in self._pending if s == slot]
+            if own:
+                stream.restore(own[0])
+            elif self._pending:
+                # Another layout (ranks x workers): take this slot's share of what is left.
+                evens = {s[2] for s, _ in self._pending}
+                if len(evens) > 1:
+                    raise StateError(f"the states mix even policies {sorted(evens)}")
+                try:
+                    stream.restore_merged([(s[0], s[1], p) for s, p in self._pending], evens.pop())
+                except StateError as e:
+                    raise StateError(
+                        f"{e} (this iterator is slot {slot[0]} of {slot[1]}, slot = rank * "
+                        "num_workers + worker_id; to resume with other ranks or workers, load "
+                        "the states of every slot, e.g. a list of all ranks' states)"
+                    ) from None
             self._pending = None
         elif self._stream is not None and not self._finished and self._slot == slot:
             position = self._position()  # continue where the previous iterator stopped
-        else:
-            position = None
-        stream = self._new_stream(slot)
-        if position is not None:
-            stream.restore(position)
+            if position is not None:
+                stream.restore(position)
         self._stream, self._slot = stream, slot
         self._rows_into_chunk = None
         self._finished = False
@@ -347,8 +384,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         # Rust objects stay behind; the position travels as a plain state.
-        if self._pending is None and self._stream is not None and not self._finished:
-            d["_pending"] = (self._slot, self._position())
+        position = self._position()
+        if self._pending is None and self._slot is not None and position is not None and not self._finished:
+            d["_pending"] = [(self._slot, position)]
         d["_catalog"] = None
         d["_stream"] = None
         d["_rows_into_chunk"] = None

@@ -8,12 +8,19 @@ A state is a ``dict`` that ``torch.save``/``torch.load(weights_only=True)``, ``p
       "version": 1,
       "fingerprint": {"shards": int, "rows": int, "paths": hex, "content": hex},
       "settings": {"seed": int, "shuffle_buffer": int, "batch_size": int | None,
-                   "drop_last": bool, "epochs": int | None},
+                   "drop_last": bool, "epochs": int | None, "even": str | None},
       "first_epoch": int,            # first epoch of the pass (set_epoch)
-      "slot": None | {"index": int, "count": int},     # None: nothing read yet
+      "slot": None | {"index": int, "count": int,       # None: nothing read yet
+                      "even": "off" | "drop" | "pad"},  # the policy this layout ran with
       "position": None | {"epoch": int, "cursor": int, "emitted": int,
-                          "rng_word_pos": int, "buffer": str},
+                          "rng_word_pos": int, "buffer": str,
+                          "specs": [{"epoch": int, "ranges": [[int, int], ...],
+                                     "injected": str}, ...]},
     }
+
+``slot`` is ``rank * num_workers + worker_id`` of ``world_size * num_workers``. ``specs`` is
+empty except after an elastic resume, where it lists what this slot reads of the epochs that
+the old layout had not finished (rust/core/src/elastic.rs).
 
 ``position`` is the Rust core's ``SlotState`` (see rust/core/src/state.rs): row coordinates only,
 8 bytes per buffered row (little-endian u64 row ids, base64), nothing that depends on row width. The core validates it on load;
@@ -39,15 +46,18 @@ KEY_POSITION = "position"
 KEYS = (KEY_FORMAT, KEY_VERSION, KEY_FINGERPRINT, KEY_SETTINGS, KEY_FIRST_EPOCH, KEY_SLOT, KEY_POSITION)
 
 FINGERPRINT_KEYS = ("shards", "rows", "paths", "content")
-SETTINGS_KEYS = ("seed", "shuffle_buffer", "batch_size", "drop_last", "epochs")
-SLOT_KEYS = ("index", "count")
+SETTINGS_KEYS = ("seed", "shuffle_buffer", "batch_size", "drop_last", "epochs", "even")
+SLOT_KEYS = ("index", "count", "even")
+EVEN_MODES = ("off", "drop", "pad")
+
+Slot = tuple[int, int, str]  # (index, count, even policy the layout ran with)
 
 
 def make(
     fingerprint: dict[str, Any],
     settings: dict[str, Any],
     first_epoch: int,
-    slot: tuple[int, int] | None,
+    slot: Slot | None,
     position: dict[str, Any] | None,
 ) -> dict[str, Any]:
     return {
@@ -56,7 +66,7 @@ def make(
         KEY_FINGERPRINT: dict(fingerprint),
         KEY_SETTINGS: dict(settings),
         KEY_FIRST_EPOCH: first_epoch,
-        KEY_SLOT: None if slot is None else {"index": slot[0], "count": slot[1]},
+        KEY_SLOT: None if slot is None else {"index": slot[0], "count": slot[1], "even": slot[2]},
         KEY_POSITION: position,
     }
 
@@ -88,9 +98,22 @@ def _int(v: Any, what: str, *, minimum: int = 0, maximum: int = U64_MAX) -> int:
     return v
 
 
+def gather(obj: Any) -> list[dict[str, Any]]:
+    """Every shardstream state inside ``obj``: a state, a list of states (e.g. one per rank), a
+    StatefulDataLoader ``state_dict()`` (worker states are nested in it), or lists of those."""
+    if isinstance(obj, dict):
+        # Any of our top-level keys marks a (maybe broken) state: check() then says what is wrong.
+        if KEY_FORMAT in obj or (KEY_POSITION in obj and KEY_FINGERPRINT in obj) or KEY_SETTINGS in obj:
+            return [obj]
+        return [s for v in obj.values() for s in gather(v)]
+    if isinstance(obj, (list, tuple)):
+        return [s for v in obj for s in gather(v)]
+    return []
+
+
 def check(
     state: Any, fingerprint: dict[str, Any], settings: dict[str, Any]
-) -> tuple[int, tuple[int, int] | None, dict[str, Any] | None]:
+) -> tuple[int, Slot | None, dict[str, Any] | None]:
     """Validate ``state`` against this dataset; return (first_epoch, slot, position).
 
     Raises:
@@ -141,7 +164,10 @@ def check(
     count = _int(slot_d["count"], "state['slot']['count']", minimum=1, maximum=U32_MAX)
     if index >= count:
         raise StateError(f"state['slot'] index {index} is not below count {count}")
+    even = slot_d["even"]
+    if even not in EVEN_MODES:
+        raise StateError(f"state['slot']['even'] must be one of {EVEN_MODES}, got {even!r}")
     if not isinstance(position, dict):
         raise StateError(f"state['position'] must be a dict, got {type(position).__name__}")
-    return first_epoch, (index, count), position
+    return first_epoch, (index, count, even), position
 

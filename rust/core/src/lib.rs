@@ -9,10 +9,12 @@
 //! - [`rng`]: the portable PRNG and key derivation (pinned by a golden test).
 //! - [`state`]: a slot's position in row coordinates and the checks a loaded state must pass.
 //! - [`stream`]: one slot's batches across epochs, tying the above together.
+//! - [`elastic`]: continue states saved by one layout of slots in another.
 //!
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
 pub mod catalog;
+pub mod elastic;
 pub mod error;
 pub mod plan;
 pub mod prefetch;
@@ -24,6 +26,6 @@ pub mod stream;
 
 pub use catalog::{Catalog, Fingerprint, Shard};
 pub use error::{Error, Result};
-pub use plan::Slot;
+pub use plan::{Even, Slot, SlotSpec};
 pub use state::SlotState;
 pub use stream::{Stream, StreamOptions};

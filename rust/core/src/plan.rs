@@ -40,6 +40,87 @@ impl Slot {
     }
 }
 
+/// How slots are made equal in length so every rank yields the same number of items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Even {
+    /// Slots differ by at most one row; every row exactly once.
+    #[default]
+    Off,
+    /// Every slot reads `floor(n / slots)` rows: at most `slots - 1` rows per epoch are skipped.
+    Drop,
+    /// Every slot reads `ceil(n / slots)` rows: short slots repeat one row.
+    Pad,
+}
+
+/// What one slot reads in one epoch: `ranges` of epoch positions, in order, after `injected`
+/// rows that start out in the shuffle buffer (rows another layout had buffered; see elastic.rs).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SlotSpec {
+    pub ranges: Vec<Range<u64>>,
+    pub injected: Vec<u64>,
+}
+
+impl SlotSpec {
+    /// Rows read from `ranges`.
+    pub fn input_len(&self) -> u64 {
+        self.ranges.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// Rows emitted over the epoch.
+    pub fn output_len(&self) -> u64 {
+        self.input_len() + self.injected.len() as u64
+    }
+
+    /// The ranges left after the first `skip` input rows.
+    pub fn ranges_after(&self, mut skip: u64) -> Vec<Range<u64>> {
+        let mut out = Vec::new();
+        for r in &self.ranges {
+            let n = r.end - r.start;
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            out.push(r.start + skip..r.end);
+            skip = 0;
+        }
+        out
+    }
+}
+
+impl Slot {
+    /// The spec of this slot in an epoch of `total` rows under the standard layout.
+    pub fn standard_spec(&self, total: u64, even: Even) -> SlotSpec {
+        let range = self.range(total);
+        let mut ranges = Vec::new();
+        match even {
+            Even::Off => ranges.push(range),
+            Even::Drop => {
+                let q = total / self.count as u64;
+                ranges.push(q * self.index as u64..q * (self.index as u64 + 1));
+            }
+            Even::Pad => {
+                let q = total.div_ceil(self.count as u64);
+                let len = range.end - range.start;
+                let start = range.start;
+                ranges.push(range);
+                if len < q && total > 0 {
+                    let p = if len > 0 {
+                        start
+                    } else {
+                        self.index as u64 % total
+                    };
+                    ranges.push(p..p + 1);
+                }
+            }
+        }
+        ranges.retain(|r| r.end > r.start);
+        SlotSpec {
+            ranges,
+            injected: Vec::new(),
+        }
+    }
+}
+
 /// A non-empty row group: the unit the epoch order permutes.
 #[derive(Debug, Clone, Copy)]
 pub struct Unit {
@@ -153,6 +234,14 @@ impl EpochPlan {
         out
     }
 
+    /// The segments covering several position ranges, in order.
+    pub fn segments_of(&self, ranges: &[Range<u64>]) -> Vec<Segment> {
+        ranges
+            .iter()
+            .flat_map(|r| self.segments(r.clone()))
+            .collect()
+    }
+
     /// Epoch positions of global row ids (`None` for an id outside the dataset). Used to check
     /// that a loaded state's buffered rows really were consumed by its slot.
     pub fn positions_of(&self, rows: &[u64]) -> Vec<Option<u64>> {
@@ -170,40 +259,6 @@ impl EpochPlan {
                 Some(self.cum[inv[u] as usize] + (r - unit.first_row))
             })
             .collect()
-    }
-}
-
-/// Walks global row ids of consecutive epoch positions without touching data; the
-/// coordinate-only twin of the reader, used to advance a state without reading.
-pub struct PlanCursor<'a> {
-    plan: &'a EpochPlan,
-    idx: usize,
-    off: u64,
-}
-
-impl<'a> PlanCursor<'a> {
-    pub fn new(plan: &'a EpochPlan, pos: u64) -> Self {
-        if pos >= plan.total() {
-            return PlanCursor {
-                plan,
-                idx: plan.order.len(),
-                off: 0,
-            };
-        }
-        let (idx, off) = plan.find(pos);
-        PlanCursor { plan, idx, off }
-    }
-
-    /// The next row id. The caller bounds the walk by its slot range.
-    pub fn next_row(&mut self) -> u64 {
-        let u = self.plan.units[self.plan.order[self.idx] as usize];
-        let r = u.first_row + self.off;
-        self.off += 1;
-        if self.off == u.rows {
-            self.idx += 1;
-            self.off = 0;
-        }
-        r
     }
 }
 
@@ -247,12 +302,12 @@ mod tests {
                 lens.push(r.end - r.start);
                 let segs = plan.segments(r.clone());
                 prop_assert_eq!(segs.iter().map(|s| s.len).sum::<u64>(), r.end - r.start);
-                let mut cur = PlanCursor::new(&plan, r.start);
+                let mut pos = r.start;
                 for s in &segs {
                     for k in 0..s.len {
-                        let row = cur.next_row();
-                        prop_assert_eq!(row, s.first_row + k);
-                        seen[row as usize] += 1;
+                        prop_assert_eq!(plan.row_at(pos), s.first_row + k);
+                        seen[(s.first_row + k) as usize] += 1;
+                        pos += 1;
                     }
                 }
             }
@@ -270,6 +325,29 @@ mod tests {
                 prop_assert_eq!(*got, Some(p as u64));
             }
             prop_assert_eq!(plan.positions_of(&[plan.total()]), vec![None]);
+        }
+    }
+
+    proptest! {
+        /// Standard specs: Off partitions, Drop gives equal lengths and loses < slots rows,
+        /// Pad gives equal lengths and repeats < slots rows.
+        #[test]
+        fn even_policies(total in 0u64..200, count in 1u32..9) {
+            let specs = |even| (0..count).map(|i| Slot::new(i, count).unwrap().standard_spec(total, even)).collect::<Vec<_>>();
+            let lens = |v: &Vec<SlotSpec>| v.iter().map(|s| s.output_len()).collect::<Vec<_>>();
+            let off = specs(Even::Off);
+            prop_assert_eq!(lens(&off).iter().sum::<u64>(), total);
+            let drop = lens(&specs(Even::Drop));
+            prop_assert!(drop.iter().all(|&l| l == total / count as u64));
+            prop_assert!(total - drop.iter().sum::<u64>() < count as u64);
+            let pad = specs(Even::Pad);
+            if total > 0 {
+                prop_assert!(lens(&pad).iter().all(|&l| l == total.div_ceil(count as u64)));
+            }
+            let mut covered = vec![0u32; total as usize];
+            for s in &pad { for r in &s.ranges { for p in r.clone() { covered[p as usize] += 1; } } }
+            prop_assert!(covered.iter().all(|&c| c >= 1));
+            prop_assert!(covered.iter().map(|&c| (c - 1) as u64).sum::<u64>() < count as u64);
         }
     }
 

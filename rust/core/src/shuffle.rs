@@ -3,6 +3,8 @@
 //! Algorithm (per slot, per epoch): fill the buffer with the first `capacity` rows of the slot's
 //! range; then each output row is `buffer[j]` for `j` drawn uniformly by the PRNG, and its place
 //! is taken by the next input row or, once the input is exhausted, removed by `swap_remove`.
+//! A buffer that starts above capacity (rows injected by an elastic resume) also removes until it
+//! is down to capacity, then runs as usual.
 //! One PRNG draw per output row and nothing else, so the output sequence depends only on
 //! (seed, epoch, slot, plan) and not on how reads or output batches are sized.
 //!
@@ -56,7 +58,7 @@ impl<D: Copy> Buffer<D> {
         }
         let j = rng.below(self.rows.len() as u64) as usize;
         let out = (self.rows[j], self.data[j]);
-        if *cursor < len {
+        if *cursor < len && self.rows.len() <= self.capacity {
             let (row, d) = src.next_row()?;
             self.rows[j] = row;
             self.data[j] = d;

@@ -11,13 +11,11 @@
 //! distinct row that this slot already consumed in this epoch. A state that passes can therefore
 //! never make the stream repeat or drop a row of the epoch.
 
-use std::ops::Range;
-
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 
 use crate::error::{Error, Result};
-use crate::plan::EpochPlan;
+use crate::plan::{EpochPlan, SlotSpec};
 
 /// Where one slot stands, in row coordinates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +29,8 @@ pub struct SlotState {
     pub rng_word_pos: u128,
     /// Buffered rows as global row ids, in buffer order.
     pub buffer: Vec<u64>,
+    /// Non-standard specs of this and later epochs, by epoch (only after an elastic resume).
+    pub specs: Vec<(u64, SlotSpec)>,
 }
 
 impl SlotState {
@@ -41,7 +41,13 @@ impl SlotState {
             emitted: 0,
             rng_word_pos: 0,
             buffer: Vec::new(),
+            specs: Vec::new(),
         }
+    }
+
+    /// This state's spec for `epoch`, if it has a non-standard one.
+    pub fn spec_for(&self, epoch: u64) -> Option<&SlotSpec> {
+        self.specs.iter().find(|(e, _)| *e == epoch).map(|(_, s)| s)
     }
 
     /// The buffer as packed little-endian u64s (8 bytes per buffered row), base64-encoded.
@@ -49,93 +55,154 @@ impl SlotState {
     /// A `str`, not `bytes`: torch's `weights_only` unpickler rejects empty `bytes`, pickle
     /// protocol 2 (torch.save's) inflates bytes through latin-1, and a string is also JSON.
     pub fn buffer_base64(&self) -> String {
-        let raw: Vec<u8> = self.buffer.iter().flat_map(|r| r.to_le_bytes()).collect();
-        BASE64.encode(raw)
+        ids_to_base64(&self.buffer)
     }
 
     pub fn buffer_from_base64(text: &str) -> Result<Vec<u64>> {
-        let bytes = BASE64
-            .decode(text)
-            .map_err(|e| Error::State(format!("state field 'buffer' is not valid base64: {e}")))?;
-        if bytes.len() % 8 != 0 {
-            return Err(Error::State(format!(
-                "state field 'buffer' holds {} bytes, not a whole number of 8-byte row ids (truncated?)",
-                bytes.len()
-            )));
-        }
-        Ok(bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
-            .collect())
+        ids_from_base64(text, "buffer")
     }
 
-    /// Check this state against the plan of its epoch, the slot's range and buffer capacity.
-    pub fn validate(&self, plan: &EpochPlan, range: &Range<u64>, capacity: usize) -> Result<()> {
-        let len = range.end - range.start;
+    /// Check this state against its epoch's plan and spec and the buffer capacity.
+    /// `repeats` allows a row to be buffered twice (`Even::Pad` reads one row twice).
+    pub fn validate(
+        &self,
+        plan: &EpochPlan,
+        spec: &SlotSpec,
+        capacity: usize,
+        repeats: bool,
+    ) -> Result<()> {
         let bad = |msg: String| {
             Err(Error::State(format!(
                 "invalid state for epoch {}: {msg}",
                 self.epoch
             )))
         };
+        let total = plan.total();
+        for (e, sp) in &self.specs {
+            if *e < self.epoch {
+                return bad(format!(
+                    "it carries a spec for epoch {e}, which is already over"
+                ));
+            }
+            if let Some(r) = sp.ranges.iter().find(|r| r.start > r.end || r.end > total) {
+                return bad(format!(
+                    "spec range {r:?} of epoch {e} is outside the epoch's {total} rows"
+                ));
+            }
+            if let Some(r) = sp
+                .injected
+                .iter()
+                .find(|&&r| plan.positions_of(&[r])[0].is_none())
+            {
+                return bad(format!(
+                    "spec of epoch {e} injects row {r}, which is outside the dataset"
+                ));
+            }
+        }
+        if self.specs.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return bad("its specs are not in increasing epoch order".into());
+        }
+        let len = spec.input_len();
+        let injected = spec.injected.len() as u64;
         if self.cursor > len {
             return bad(format!(
                 "cursor {} is past the end of the slot's {len} rows",
                 self.cursor
             ));
         }
-        if self.emitted > self.cursor {
+        if self.emitted > self.cursor + injected {
             return bad(format!(
-                "{} rows emitted but only {} read",
+                "{} rows emitted but only {} read and {injected} injected",
                 self.emitted, self.cursor
             ));
         }
-        let held = self.cursor - self.emitted;
+        let held = self.cursor + injected - self.emitted;
         if held != self.buffer.len() as u64 {
             return bad(format!(
-                "{} rows read and {} emitted, so {held} must be buffered, but the buffer holds {}",
+                "{} rows read, {injected} injected and {} emitted, so {held} must be buffered, but the buffer holds {}",
                 self.cursor,
                 self.emitted,
                 self.buffer.len()
             ));
         }
-        if self.buffer.len() > capacity {
-            return bad(format!(
-                "buffer holds {} rows but shuffle_buffer is {capacity}",
-                self.buffer.len()
-            ));
-        }
-        // Once the first row is emitted the buffer stays full until the input runs out.
-        let started = self.emitted > 0;
-        if started && self.cursor < len && self.buffer.len() != capacity {
-            return bad(format!(
-                "buffer holds {} rows mid-epoch; a running buffer holds exactly {capacity}",
-                self.buffer.len()
-            ));
-        }
-        if !started && self.cursor != 0 {
+        // The buffer fills before the first output, and once running it holds `capacity` rows
+        // until the input runs out (more only while injected rows drain down to capacity).
+        let held = self.buffer.len();
+        if self.emitted == 0 && self.cursor != 0 {
             return bad("rows were read into the buffer but none emitted".into());
         }
+        if self.emitted > 0
+            && self.cursor < len
+            && (held < capacity || (self.cursor > 0 && held != capacity))
+        {
+            return bad(format!(
+                "buffer holds {held} rows mid-epoch; a running buffer holds {capacity}"
+            ));
+        }
+        if held > capacity.max(spec.injected.len()) {
+            return bad(format!(
+                "buffer holds {held} rows but shuffle_buffer is {capacity}"
+            ));
+        }
         if !self.buffer.is_empty() {
-            let consumed = range.start..range.start + self.cursor;
+            let consumed = SlotSpec {
+                ranges: spec.ranges.clone(),
+                injected: Vec::new(),
+            };
+            let unread = consumed.ranges_after(self.cursor);
             let positions = plan.positions_of(&self.buffer);
+            let mut injected_left: std::collections::HashMap<u64, usize> =
+                std::collections::HashMap::new();
+            for r in &spec.injected {
+                *injected_left.entry(*r).or_default() += 1;
+            }
             for (row, pos) in self.buffer.iter().zip(positions) {
-                match pos {
-                    Some(p) if consumed.contains(&p) => {}
-                    Some(_) => {
-                        return bad(format!("buffered row {row} was not read by this slot yet"))
-                    }
-                    None => return bad(format!("buffered row {row} is outside the dataset")),
+                if let Some(n) = injected_left.get_mut(row).filter(|n| **n > 0) {
+                    *n -= 1;
+                    continue;
+                }
+                let Some(p) = pos else {
+                    return bad(format!("buffered row {row} is outside the dataset"));
+                };
+                let read = spec.ranges.iter().any(|r| r.contains(&p))
+                    && !unread.iter().any(|r| r.contains(&p) && !repeats);
+                if !read {
+                    return bad(format!("buffered row {row} was not read by this slot yet"));
                 }
             }
-            let mut sorted = self.buffer.clone();
-            sorted.sort_unstable();
-            if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-                return bad(format!("row {} is buffered twice", w[0]));
+            if !repeats {
+                let mut sorted = self.buffer.clone();
+                sorted.sort_unstable();
+                if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+                    return bad(format!("row {} is buffered twice", w[0]));
+                }
             }
         }
         Ok(())
     }
+}
+
+/// Row ids as packed little-endian u64s, base64-encoded.
+pub fn ids_to_base64(ids: &[u64]) -> String {
+    let raw: Vec<u8> = ids.iter().flat_map(|r| r.to_le_bytes()).collect();
+    BASE64.encode(raw)
+}
+
+/// Inverse of [`ids_to_base64`]; `field` names the state field in errors.
+pub fn ids_from_base64(text: &str, field: &str) -> Result<Vec<u64>> {
+    let bytes = BASE64
+        .decode(text)
+        .map_err(|e| Error::State(format!("state field '{field}' is not valid base64: {e}")))?;
+    if bytes.len() % 8 != 0 {
+        return Err(Error::State(format!(
+            "state field '{field}' holds {} bytes, not a whole number of 8-byte row ids (truncated?)",
+            bytes.len()
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
+        .collect())
 }
 
 #[cfg(test)]

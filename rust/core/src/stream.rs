@@ -12,7 +12,6 @@
 //! rows are re-read by id (hydration) before the next output.
 
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -21,7 +20,7 @@ use arrow_select::interleave::interleave_record_batch;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::plan::{units, EpochPlan, PlanCursor, Segment, Slot, Unit};
+use crate::plan::{units, EpochPlan, Even, Segment, Slot, SlotSpec, Unit};
 use crate::prefetch::{pieces, Prefetcher};
 use crate::reader::{read_rows, SegmentReader};
 use crate::rng::{derive_key, Prng};
@@ -46,6 +45,8 @@ pub struct StreamOptions {
     pub readahead_depth: usize,
     /// Largest run of rows one readahead task decodes (splits big row groups).
     pub piece_rows: u64,
+    /// How slot lengths are equalized (see [`Even`]).
+    pub even: Even,
 }
 
 impl Default for StreamOptions {
@@ -59,6 +60,7 @@ impl Default for StreamOptions {
             readahead_threads: 0,
             readahead_depth: 2,
             piece_rows: 65536,
+            even: Even::Off,
         }
     }
 }
@@ -155,10 +157,11 @@ impl Input {
     fn new(
         catalog: Arc<Catalog>,
         plan: &EpochPlan,
-        range: Range<u64>,
+        spec: &SlotSpec,
+        cursor: u64,
         opts: &StreamOptions,
     ) -> Self {
-        let segments = plan.segments(range);
+        let segments = plan.segments_of(&spec.ranges_after(cursor));
         let source = if opts.readahead_threads == 0 {
             Source::Sync {
                 segments: segments.into(),
@@ -286,13 +289,25 @@ impl RowSource for DataRows<'_> {
     }
 }
 
-/// Input rows as ids only.
-struct CoordRows<'a>(PlanCursor<'a>);
+/// Input rows as ids only: the coordinate twin of [`Input`], walking the same segments.
+struct CoordRows {
+    segments: VecDeque<Segment>,
+}
 
-impl RowSource for CoordRows<'_> {
+impl RowSource for CoordRows {
     type Data = ();
     fn next_row(&mut self) -> Result<(u64, ())> {
-        Ok((self.0.next_row(), ()))
+        let seg = self
+            .segments
+            .front_mut()
+            .ok_or_else(|| Error::Internal("coordinate walk past the end of the slot".into()))?;
+        let row = seg.first_row;
+        seg.first_row += 1;
+        seg.len -= 1;
+        if seg.len == 0 {
+            self.segments.pop_front();
+        }
+        Ok((row, ()))
     }
 }
 
@@ -314,7 +329,10 @@ pub struct Stream {
     rng: Prng,
     buffer: Buffer<Loc>,
     plan: Arc<EpochPlan>,
-    range: Range<u64>,
+    /// What this slot reads in the current epoch.
+    spec: SlotSpec,
+    /// Non-standard specs of the current and later epochs (after an elastic resume).
+    specs: Vec<(u64, SlotSpec)>,
     data: Option<DataSide>,
     /// State before the last returned batch, when `keep_batch_start` is on (row mode).
     batch_start: Option<SlotState>,
@@ -329,14 +347,13 @@ impl Stream {
             ));
         }
         let units = units(&catalog);
-        let shuffle = opts.shuffle_buffer > 0;
         let plan = Arc::new(EpochPlan::new(
             units.clone(),
             opts.seed,
             opts.first_epoch,
-            shuffle,
+            opts.shuffle_buffer > 0,
         ));
-        let range = slot.range(plan.total());
+        let spec = slot.standard_spec(plan.total(), opts.even);
         let rng = Prng::new(buffer_key(&opts, opts.first_epoch, slot));
         Ok(Stream {
             epoch: opts.first_epoch,
@@ -349,7 +366,8 @@ impl Stream {
             slot,
             rng,
             plan,
-            range,
+            spec,
+            specs: Vec::new(),
             data: None,
             batch_start: None,
             keep_batch_start: false,
@@ -377,13 +395,44 @@ impl Stream {
         self.opts.epochs.map(|n| self.opts.first_epoch + n)
     }
 
-    /// True once every epoch of the pass has been emitted.
-    pub fn finished(&self) -> bool {
-        let len = self.range.end - self.range.start;
-        match self.end_epoch() {
-            Some(end) => self.epoch >= end || (self.epoch + 1 == end && self.emitted == len),
-            None => len == 0,
+    fn plan_for(&self, epoch: u64) -> Arc<EpochPlan> {
+        if self.plan.epoch == epoch {
+            return self.plan.clone();
         }
+        Arc::new(EpochPlan::new(
+            self.units.clone(),
+            self.opts.seed,
+            epoch,
+            self.opts.shuffle_buffer > 0,
+        ))
+    }
+
+    fn standard_spec(&self) -> SlotSpec {
+        // Every epoch has the same total, so the standard spec does not depend on the epoch.
+        self.slot.standard_spec(self.plan.total(), self.opts.even)
+    }
+
+    /// The spec of `epoch` given the non-standard `specs`.
+    fn spec_of(&self, specs: &[(u64, SlotSpec)], epoch: u64) -> SlotSpec {
+        specs
+            .iter()
+            .find(|(e, _)| *e == epoch)
+            .map_or_else(|| self.standard_spec(), |(_, s)| s.clone())
+    }
+
+    /// True if no epoch after the current one has rows for this slot.
+    fn nothing_after(&self) -> bool {
+        self.standard_spec().output_len() == 0 && self.specs.iter().all(|(e, _)| *e <= self.epoch)
+    }
+
+    /// True once every row of the pass has been emitted.
+    pub fn finished(&self) -> bool {
+        let end = self.end_epoch();
+        if end.is_some_and(|e| self.epoch >= e) {
+            return true;
+        }
+        self.emitted == self.spec.output_len()
+            && (end == Some(self.epoch + 1) || self.nothing_after())
     }
 
     /// The position after the last emitted row.
@@ -394,6 +443,7 @@ impl Stream {
             emitted: self.emitted,
             rng_word_pos: self.rng.word_pos(),
             buffer: self.buffer.rows.clone(),
+            specs: self.specs.clone(),
         }
     }
 
@@ -406,25 +456,21 @@ impl Stream {
     }
 
     fn set_epoch(&mut self, epoch: u64) {
-        if self.plan.epoch != epoch {
-            self.plan = Arc::new(EpochPlan::new(
-                self.units.clone(),
-                self.opts.seed,
-                epoch,
-                self.opts.shuffle_buffer > 0,
-            ));
-        }
-        self.range = self.slot.range(self.plan.total());
+        self.plan = self.plan_for(epoch);
+        self.specs.retain(|(e, _)| *e >= epoch);
+        self.spec = self.spec_of(&self.specs, epoch);
         self.rng = Prng::new(buffer_key(&self.opts, epoch, self.slot));
         self.epoch = epoch;
         self.cursor = 0;
         self.emitted = 0;
         self.buffer = Buffer::new(self.opts.shuffle_buffer);
+        self.buffer.rows = self.spec.injected.clone();
+        self.buffer.data = vec![Loc::default(); self.buffer.rows.len()];
         self.data = None;
     }
 
-    /// Continue from `st` (validated first; on error the stream is unchanged).
-    pub fn restore(&mut self, st: &SlotState) -> Result<()> {
+    /// Check `st` against this stream's settings and slot; returns its epoch's plan and spec.
+    pub fn check(&self, st: &SlotState) -> Result<(Arc<EpochPlan>, SlotSpec)> {
         let end = self.end_epoch();
         if st.epoch < self.opts.first_epoch || end.is_some_and(|e| st.epoch > e) {
             return Err(Error::State(format!(
@@ -434,28 +480,34 @@ impl Stream {
                 end.map_or("endless".to_string(), |e| e.to_string())
             )));
         }
-        let plan = if end == Some(st.epoch) {
+        if end == Some(st.epoch) && *st != SlotState::start_of(st.epoch) {
             // "After the last epoch": only the empty state is meaningful there.
-            if *st != SlotState::start_of(st.epoch) {
-                return Err(Error::State(format!(
-                    "state past the last epoch ({}) must be empty",
-                    st.epoch
-                )));
-            }
-            self.plan.clone()
-        } else if self.plan.epoch == st.epoch {
-            self.plan.clone()
-        } else {
-            Arc::new(EpochPlan::new(
-                self.units.clone(),
-                self.opts.seed,
-                st.epoch,
-                self.opts.shuffle_buffer > 0,
-            ))
-        };
-        let range = self.slot.range(plan.total());
-        st.validate(&plan, &range, self.opts.shuffle_buffer)?;
+            return Err(Error::State(format!(
+                "state past the last epoch ({}) must be empty",
+                st.epoch
+            )));
+        }
+        let plan = self.plan_for(st.epoch);
+        let spec = self.spec_of(&st.specs, st.epoch);
+        if self.opts.shuffle_buffer == 0 && st.specs.iter().any(|(_, s)| !s.injected.is_empty()) {
+            return Err(Error::State(
+                "state injects buffered rows but shuffle_buffer is 0".into(),
+            ));
+        }
+        st.validate(
+            &plan,
+            &spec,
+            self.opts.shuffle_buffer,
+            self.opts.even == Even::Pad,
+        )?;
+        Ok((plan, spec))
+    }
+
+    /// Continue from `st` (validated first; on error the stream is unchanged).
+    pub fn restore(&mut self, st: &SlotState) -> Result<()> {
+        let (plan, _) = self.check(st)?;
         self.plan = plan;
+        self.specs = st.specs.clone();
         self.set_epoch(st.epoch);
         self.cursor = st.cursor;
         self.emitted = st.emitted;
@@ -468,18 +520,9 @@ impl Stream {
 
     /// `st` moved forward by `k` output rows (within its epoch), computed on row ids alone.
     pub fn advance_state(&self, st: &SlotState, k: u64) -> Result<SlotState> {
-        let plan = if self.plan.epoch == st.epoch {
-            self.plan.clone()
-        } else {
-            Arc::new(EpochPlan::new(
-                self.units.clone(),
-                self.opts.seed,
-                st.epoch,
-                self.opts.shuffle_buffer > 0,
-            ))
-        };
-        let range = self.slot.range(plan.total());
-        let len = range.end - range.start;
+        let plan = self.plan_for(st.epoch);
+        let spec = self.spec_of(&st.specs, st.epoch);
+        let len = spec.input_len();
         let mut out = st.clone();
         if self.opts.shuffle_buffer == 0 {
             let k = k.min(len - st.emitted);
@@ -494,7 +537,9 @@ impl Stream {
             data: vec![(); st.buffer.len()],
             rows: std::mem::take(&mut out.buffer),
         };
-        let mut src = CoordRows(PlanCursor::new(&plan, range.start + st.cursor));
+        let mut src = CoordRows {
+            segments: plan.segments_of(&spec.ranges_after(st.cursor)).into(),
+        };
         for _ in 0..k {
             if buf
                 .step(&mut rng, &mut src, &mut out.cursor, len, &mut out.emitted)?
@@ -512,35 +557,28 @@ impl Stream {
     /// span epochs), or `None` at the end of the pass.
     pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>> {
         let max_rows = max_rows.max(1);
-        let len = self.range.end - self.range.start;
-        if len == 0 {
-            // Nothing for this slot in any epoch (more slots than rows).
-            if let Some(end) = self.end_epoch() {
-                self.set_epoch(end);
-            }
-            return Ok(None);
-        }
         loop {
-            if self.end_epoch().is_some_and(|e| self.epoch >= e) {
+            let end = self.end_epoch();
+            if end.is_some_and(|e| self.epoch >= e) {
                 return Ok(None);
             }
-            if self.emitted < len {
+            if self.emitted < self.spec.output_len() {
                 break;
             }
-            let next = self.epoch + 1;
-            if self.end_epoch() == Some(next) {
-                // Stay at "end of the last epoch" rather than an empty epoch past it.
+            // Stay at "end of the last epoch" rather than move to an empty epoch past it; and
+            // stop for good if this slot has no rows in any later epoch (more slots than rows).
+            if end == Some(self.epoch + 1) || self.nothing_after() {
                 return Ok(None);
             }
-            self.set_epoch(next);
+            self.set_epoch(self.epoch + 1);
         }
         if self.keep_batch_start {
             self.batch_start = Some(self.state());
         }
         let out = if self.opts.shuffle_buffer == 0 {
-            self.next_plain(max_rows, len)?
+            self.next_plain(max_rows)?
         } else {
-            self.next_shuffled(max_rows, len)?
+            self.next_shuffled(max_rows)?
         };
         Ok(Some(out))
     }
@@ -556,11 +594,11 @@ impl Stream {
             std::mem::forget(self.data.take());
         }
         if self.data.is_none() {
-            let start = self.range.start + self.cursor;
             let input = Input::new(
                 self.catalog.clone(),
                 &self.plan,
-                start..self.range.end,
+                &self.spec,
+                self.cursor,
                 &self.opts,
             );
             let mut slab = Slab::default();
@@ -577,8 +615,8 @@ impl Stream {
         Ok(self.data.as_mut().expect("just set"))
     }
 
-    fn next_plain(&mut self, max_rows: usize, len: u64) -> Result<RecordBatch> {
-        let want = (max_rows as u64).min(len - self.emitted) as usize;
+    fn next_plain(&mut self, max_rows: usize) -> Result<RecordBatch> {
+        let want = (max_rows as u64).min(self.spec.output_len() - self.emitted) as usize;
         let schema = self.catalog.schema().clone();
         let data = self.data_side()?;
         let mut parts = Vec::new();
@@ -596,7 +634,8 @@ impl Stream {
         concat_batches(&schema, &parts).map_err(|e| Error::Internal(format!("concat: {e}")))
     }
 
-    fn next_shuffled(&mut self, max_rows: usize, len: u64) -> Result<RecordBatch> {
+    fn next_shuffled(&mut self, max_rows: usize) -> Result<RecordBatch> {
+        let len = self.spec.input_len();
         self.data_side()?;
         let data = self.data.as_mut().expect("hydrated");
         let mut picks = Vec::with_capacity(max_rows);
@@ -621,7 +660,8 @@ impl Stream {
             data.slab.release(l.batch);
         }
         // Compact when retained batches hold far more rows than the buffer needs.
-        let limit = 2 * self.buffer.capacity + 2 * self.opts.read_batch_rows;
+        let limit =
+            2 * self.buffer.capacity.max(self.buffer.rows.len()) + 2 * self.opts.read_batch_rows;
         if data.slab.live_rows > limit && !self.buffer.rows.is_empty() {
             let merged = data.slab.gather(self.catalog.schema(), &self.buffer.data)?;
             for l in &self.buffer.data {
@@ -651,35 +691,38 @@ fn buffer_key(opts: &StreamOptions, epoch: u64, slot: Slot) -> [u8; 32] {
     )
 }
 
-/// Re-read the buffered rows by id and point the buffer at them.
+/// Re-read the buffered rows by id and point the buffer at them. A row may be buffered twice
+/// (`Even::Pad` repeats one), so the ids are de-duplicated before reading.
 fn hydrate(
     catalog: &Catalog,
     buffer: &mut Buffer<Loc>,
     slab: &mut Slab,
     batch_rows: usize,
 ) -> Result<()> {
-    let mut order: Vec<usize> = (0..buffer.rows.len()).collect();
-    order.sort_unstable_by_key(|&i| buffer.rows[i]);
-    let sorted: Vec<u64> = order.iter().map(|&i| buffer.rows[i]).collect();
-    let batches = read_rows(catalog, &sorted, batch_rows)?;
-    let mut k = 0;
-    for b in batches {
+    let mut unique = buffer.rows.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    let mut locs = Vec::with_capacity(unique.len());
+    for b in read_rows(catalog, &unique, batch_rows)? {
         let n = b.num_rows();
-        let id = slab.insert(b, n as u32);
-        for row in 0..n {
-            buffer.data[order[k]] = Loc {
-                batch: id,
-                row: row as u32,
-            };
-            k += 1;
-        }
+        // One reference per buffer entry pointing here, added below.
+        let id = slab.insert(b, 0);
+        locs.extend((0..n).map(|row| Loc {
+            batch: id,
+            row: row as u32,
+        }));
     }
-    buffer.data.truncate(buffer.rows.len());
+    buffer.data.clear();
+    for r in &buffer.rows {
+        let loc = locs[unique.binary_search(r).expect("read every buffered row")];
+        slab.refs[loc.batch as usize] += 1;
+        buffer.data.push(loc);
+    }
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use arrow_array::types::Int32Type;
     use arrow_array::{ArrayRef, Int64Array, ListArray, StringArray};
@@ -688,7 +731,7 @@ mod tests {
     use proptest::prelude::*;
 
     /// Shards with uneven row groups (arrow-rs writes an offset index by default).
-    fn write_shards(dir: &std::path::Path, rows: &[usize], rg: usize) -> Vec<String> {
+    pub(crate) fn write_shards(dir: &std::path::Path, rows: &[usize], rg: usize) -> Vec<String> {
         let mut id = 0i64;
         let mut out = Vec::new();
         for (i, &n) in rows.iter().enumerate() {
@@ -727,13 +770,17 @@ mod tests {
         out
     }
 
-    fn ids(b: &RecordBatch) -> Vec<i64> {
+    pub(crate) fn ids(b: &RecordBatch) -> Vec<i64> {
         let col = b.column_by_name("id").unwrap();
         col.as_any()
             .downcast_ref::<Int64Array>()
             .unwrap()
             .values()
             .to_vec()
+    }
+
+    pub(crate) fn drain_ids(s: &mut Stream, bs: usize) -> Vec<Vec<i64>> {
+        drain(s, bs)
     }
 
     fn drain(s: &mut Stream, bs: usize) -> Vec<Vec<i64>> {

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use pyo3_arrow::{PyRecordBatch, PySchema};
-use shardstream_core::{Catalog, Error, Slot, SlotState, Stream, StreamOptions};
+use shardstream_core::elastic::merged_state;
+use shardstream_core::state::{ids_from_base64, ids_to_base64};
+use shardstream_core::{Catalog, Error, Even, Slot, SlotSpec, SlotState, Stream, StreamOptions};
 
 use crate::error::{detach, to_py};
 
@@ -122,7 +124,7 @@ impl RawStream {
     #[new]
     #[pyo3(signature = (catalog, *, seed, shuffle_buffer, first_epoch, epochs, slot_index, slot_count,
                         read_batch_rows=8192, readahead_threads=0, readahead_depth=2,
-                        piece_rows=65536, keep_batch_start=false))]
+                        piece_rows=65536, even="off", keep_batch_start=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -137,8 +139,10 @@ impl RawStream {
         readahead_threads: usize,
         readahead_depth: usize,
         piece_rows: u64,
+        even: &str,
         keep_batch_start: bool,
     ) -> PyResult<Self> {
+        let even = parse_even(even).map_err(|e| to_py(py, e))?;
         let opts = StreamOptions {
             seed,
             shuffle_buffer,
@@ -148,6 +152,7 @@ impl RawStream {
             readahead_threads,
             readahead_depth,
             piece_rows,
+            even,
         };
         let cat = catalog.inner.clone();
         let stream = detach(py, move || {
@@ -188,6 +193,37 @@ impl RawStream {
         self.with(py, move |s| s.restore(&st))
     }
 
+    /// Continue from the states of every slot of another (or the same) layout:
+    /// `states` is a list of `(slot_index, slot_count, position)`, run with policy `even`.
+    fn restore_merged(
+        &self,
+        py: Python<'_>,
+        states: &Bound<'_, PyList>,
+        even: &str,
+    ) -> PyResult<()> {
+        let old_even = parse_even(even).map_err(|e| to_py(py, Error::State(e.to_string())))?;
+        let mut old = Vec::with_capacity(states.len());
+        for item in states.iter() {
+            let (index, count, d): (u32, u32, Bound<'_, PyDict>) =
+                item.extract().map_err(|_| {
+                    to_py(
+                        py,
+                        Error::State(
+                            "each merged state must be (slot_index, slot_count, position dict)"
+                                .into(),
+                        ),
+                    )
+                })?;
+            let slot =
+                Slot::new(index, count).map_err(|e| to_py(py, Error::State(e.to_string())))?;
+            old.push((slot, state_from_py(py, &d)?));
+        }
+        self.with(py, move |s| {
+            let st = merged_state(s.catalog(), s.options(), &old, old_even, s.slot())?;
+            s.restore(&st)
+        })
+    }
+
     fn finished(&self, py: Python<'_>) -> PyResult<bool> {
         self.with(py, |s| Ok(s.finished()))
     }
@@ -198,7 +234,26 @@ impl RawStream {
     }
 }
 
-const SLOT_KEYS: [&str; 5] = ["epoch", "cursor", "emitted", "rng_word_pos", "buffer"];
+fn parse_even(even: &str) -> Result<Even, Error> {
+    match even {
+        "off" => Ok(Even::Off),
+        "drop" => Ok(Even::Drop),
+        "pad" => Ok(Even::Pad),
+        other => Err(Error::Config(format!(
+            "even must be 'off', 'drop' or 'pad', got {other:?}"
+        ))),
+    }
+}
+
+const SLOT_KEYS: [&str; 6] = [
+    "epoch",
+    "cursor",
+    "emitted",
+    "rng_word_pos",
+    "buffer",
+    "specs",
+];
+const SPEC_KEYS: [&str; 3] = ["epoch", "ranges", "injected"];
 
 fn state_to_py<'py>(py: Python<'py>, st: &SlotState) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -207,7 +262,78 @@ fn state_to_py<'py>(py: Python<'py>, st: &SlotState) -> PyResult<Bound<'py, PyDi
     d.set_item("emitted", st.emitted)?;
     d.set_item("rng_word_pos", st.rng_word_pos)?;
     d.set_item("buffer", st.buffer_base64())?;
+    let specs = PyList::empty(py);
+    for (epoch, spec) in &st.specs {
+        let sd = PyDict::new(py);
+        sd.set_item("epoch", epoch)?;
+        let ranges: Vec<(u64, u64)> = spec.ranges.iter().map(|r| (r.start, r.end)).collect();
+        sd.set_item(
+            "ranges",
+            ranges
+                .into_iter()
+                .map(|(a, b)| vec![a, b])
+                .collect::<Vec<_>>(),
+        )?;
+        sd.set_item("injected", ids_to_base64(&spec.injected))?;
+        specs.append(sd)?;
+    }
+    d.set_item("specs", specs)?;
     Ok(d)
+}
+
+fn check_keys(py: Python<'_>, d: &Bound<'_, PyDict>, keys: &[&str], what: &str) -> PyResult<()> {
+    for k in d.keys() {
+        let k: String = k
+            .extract()
+            .map_err(|_| to_py(py, Error::State(format!("{what} has a non-string key"))))?;
+        if !keys.contains(&k.as_str()) {
+            return Err(to_py(
+                py,
+                Error::State(format!("{what} has unknown key {k:?}")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn spec_from_py(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<(u64, SlotSpec)> {
+    let bad = |msg: String| to_py(py, Error::State(msg));
+    let d = item
+        .cast::<PyDict>()
+        .map_err(|_| bad("each entry of slot state field \"specs\" must be a dict".into()))?;
+    check_keys(py, d, &SPEC_KEYS, "a slot spec")?;
+    let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+        d.get_item(k)?
+            .ok_or_else(|| bad(format!("a slot spec is missing key {k:?}")))
+    };
+    let epoch = get("epoch")?;
+    if epoch.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(bad("slot spec field \"epoch\" must be an int".into()));
+    }
+    let epoch: u64 = epoch
+        .extract()
+        .map_err(|_| bad("slot spec field \"epoch\" must be a non-negative int".into()))?;
+    let ranges: Vec<(u64, u64)> = get("ranges")?
+        .extract::<Vec<Vec<u64>>>()
+        .map_err(|_| bad("slot spec field \"ranges\" must be a list of [start, end] ints".into()))?
+        .into_iter()
+        .map(|r| match r.as_slice() {
+            [a, b] if a <= b => Ok((*a, *b)),
+            _ => Err(bad(format!(
+                "slot spec range {r:?} is not [start, end] with start <= end"
+            ))),
+        })
+        .collect::<PyResult<_>>()?;
+    let injected: String = get("injected")?
+        .extract()
+        .map_err(|_| bad("slot spec field \"injected\" must be a str".into()))?;
+    Ok((
+        epoch,
+        SlotSpec {
+            ranges: ranges.into_iter().map(|(a, b)| a..b).collect(),
+            injected: ids_from_base64(&injected, "injected").map_err(|e| to_py(py, e))?,
+        },
+    ))
 }
 
 fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
@@ -262,6 +388,18 @@ fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
         emitted: int("emitted")?,
         rng_word_pos,
         buffer: SlotState::buffer_from_base64(&text).map_err(|e| to_py(py, e))?,
+        specs: {
+            let specs = field("specs")?;
+            let list = specs.cast::<PyList>().map_err(|_| {
+                bad(format!(
+                    "slot state field \"specs\" must be a list, got {}",
+                    specs.get_type()
+                ))
+            })?;
+            list.iter()
+                .map(|it| spec_from_py(py, &it))
+                .collect::<PyResult<_>>()?
+        },
     })
 }
 
