@@ -142,7 +142,7 @@ fmt: $(LINT_STAMP) ## Auto-format Rust and Python sources
 
 .PHONY: wheel
 wheel: $(BOOT_STAMP) ## Build an abi3 release wheel into dist/
-	$(MATURIN) build --release --out dist
+	$(MATURIN) build --release --strip --out dist
 	@ls -l dist/*.whl
 
 .PHONY: clean
