@@ -303,13 +303,19 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         first_epochs = sorted({p[0] for p in parsed})
         if len(first_epochs) > 1:
             raise StateError(f"the states come from different passes (first epochs {first_epochs})")
-        pending = []
-        for _, slot, position in parsed:
-            if slot is None or position is None:
-                continue  # that slot had not started: nothing to continue
-            # Full validation now (rows, buffer, epoch), not at the first next(): fail early.
-            self._new_stream(slot, first_epoch=first_epochs[0], probe=True).restore(position)
-            pending.append((slot, position))
+        # Slots that had not started carry no position: nothing to continue there.
+        pending = [(slot, pos) for _, slot, pos in parsed if slot is not None and pos is not None]
+        # Full validation now (rows, buffers, epochs), not at the first next(): fail early.
+        if len(pending) == 1:
+            probe = self._new_stream(pending[0][0], first_epoch=first_epochs[0], probe=True)
+            probe.restore(pending[0][1])
+        elif pending:
+            # One merge into a single slot checks every state against shared epoch plans.
+            probe = self._new_stream((0, 1, "off"), first_epoch=first_epochs[0], probe=True)
+            evens = {s[2] for s, _ in pending}
+            if len(evens) > 1:
+                raise StateError(f"the states mix even policies {sorted(evens)}")
+            probe.restore_merged([(s[0], s[1], p) for s, p in pending], evens.pop())
         self._first_epoch = first_epochs[0]
         self._reset_position()
         self._pending = pending

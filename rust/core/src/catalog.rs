@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
@@ -69,6 +69,7 @@ pub struct Catalog {
     total_rows: u64,
     root: PathBuf,
     fingerprint: Fingerprint,
+    units: OnceLock<Arc<Vec<crate::plan::Unit>>>,
 }
 
 impl Catalog {
@@ -92,7 +93,13 @@ impl Catalog {
             total_rows: first_row,
             root,
             fingerprint,
+            units: OnceLock::new(),
         })
+    }
+
+    /// Every non-empty row group in catalog order (computed once).
+    pub fn units(&self) -> Arc<Vec<crate::plan::Unit>> {
+        self.units.get_or_init(|| crate::plan::units(self)).clone()
     }
 
     pub fn shards(&self) -> &[Shard] {

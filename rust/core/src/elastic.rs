@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::plan::{Even, Slot, SlotSpec};
+use crate::plan::{EpochPlan, Even, Slot, SlotSpec};
 use crate::state::SlotState;
-use crate::stream::{Stream, StreamOptions};
+use crate::stream::{check_state, StreamOptions};
 
 /// What one epoch still owes, in old-slot order.
 #[derive(Default)]
@@ -92,9 +92,22 @@ pub fn merged_state(
         .max()
         .unwrap_or(opts.first_epoch);
     let last = end.map_or(last, |e| last.min(e.saturating_sub(1)));
+    // One plan per epoch for all old slots (building one is O(row groups)).
+    let mut plans: BTreeMap<u64, Arc<EpochPlan>> = BTreeMap::new();
+    let shuffle = opts.shuffle_buffer > 0;
     for (&index, st) in &by_index {
-        let stream = Stream::new(catalog.clone(), old_opts.clone(), Slot::new(index, count)?)?;
-        let (plan, spec) = stream.check(st)?;
+        let plan = plans
+            .entry(st.epoch)
+            .or_insert_with(|| {
+                Arc::new(EpochPlan::new(
+                    catalog.units(),
+                    opts.seed,
+                    st.epoch,
+                    shuffle,
+                ))
+            })
+            .clone();
+        let spec = check_state(&old_opts, Slot::new(index, count)?, &plan, st)?;
         if end.is_some_and(|e| st.epoch >= e) {
             continue;
         }
@@ -172,6 +185,7 @@ fn piece(r: &Remainder, new: Slot, even: Even) -> SlotSpec {
 mod tests {
     use super::*;
     use crate::stream::tests::{drain_ids, write_shards};
+    use crate::stream::Stream;
     use proptest::prelude::*;
 
     fn opts(shuffle: usize, even: Even) -> StreamOptions {

@@ -10,7 +10,7 @@
 //! disjoint and together cover the epoch exactly once, without any communication.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
@@ -131,8 +131,8 @@ pub struct Unit {
     pub first_row: u64,
 }
 
-/// All non-empty row groups in catalog order (sorted by `first_row`).
-pub fn units(catalog: &Catalog) -> Arc<Vec<Unit>> {
+/// All non-empty row groups in catalog order (sorted by `first_row`); see [`Catalog::units`].
+pub(crate) fn units(catalog: &Catalog) -> Arc<Vec<Unit>> {
     let mut out = Vec::new();
     for (s, shard) in catalog.shards().iter().enumerate() {
         for (g, rg) in shard.row_groups.iter().enumerate() {
@@ -169,6 +169,8 @@ pub struct EpochPlan {
     order: Vec<u32>,
     /// `cum[i]` = rows before `order[i]`; one longer than `order`.
     cum: Vec<u64>,
+    /// Inverse of `order`, built on first use (validating states).
+    inverse: OnceLock<Vec<u32>>,
 }
 
 impl EpochPlan {
@@ -190,6 +192,7 @@ impl EpochPlan {
             units,
             order,
             cum,
+            inverse: OnceLock::new(),
         }
     }
 
@@ -245,10 +248,13 @@ impl EpochPlan {
     /// Epoch positions of global row ids (`None` for an id outside the dataset). Used to check
     /// that a loaded state's buffered rows really were consumed by its slot.
     pub fn positions_of(&self, rows: &[u64]) -> Vec<Option<u64>> {
-        let mut inv = vec![0u32; self.order.len()];
-        for (i, &u) in self.order.iter().enumerate() {
-            inv[u as usize] = i as u32;
-        }
+        let inv = self.inverse.get_or_init(|| {
+            let mut inv = vec![0u32; self.order.len()];
+            for (i, &u) in self.order.iter().enumerate() {
+                inv[u as usize] = i as u32;
+            }
+            inv
+        });
         rows.iter()
             .map(|&r| {
                 let u = self.units.partition_point(|x| x.first_row + x.rows <= r);

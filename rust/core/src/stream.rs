@@ -20,7 +20,7 @@ use arrow_select::interleave::interleave_record_batch;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::plan::{units, EpochPlan, Even, Segment, Slot, SlotSpec, Unit};
+use crate::plan::{EpochPlan, Even, Segment, Slot, SlotSpec, Unit};
 use crate::prefetch::{pieces, Prefetcher};
 use crate::reader::{read_rows, SegmentReader};
 use crate::rng::{derive_key, Prng};
@@ -346,7 +346,7 @@ impl Stream {
                 "epochs must be at least 1 (or None for endless)".into(),
             ));
         }
-        let units = units(&catalog);
+        let units = catalog.units();
         let plan = Arc::new(EpochPlan::new(
             units.clone(),
             opts.seed,
@@ -469,44 +469,16 @@ impl Stream {
         self.data = None;
     }
 
-    /// Check `st` against this stream's settings and slot; returns its epoch's plan and spec.
-    pub fn check(&self, st: &SlotState) -> Result<(Arc<EpochPlan>, SlotSpec)> {
-        let end = self.end_epoch();
-        if st.epoch < self.opts.first_epoch || end.is_some_and(|e| st.epoch > e) {
-            return Err(Error::State(format!(
-                "state is at epoch {} but this pass covers epochs {}..{}",
-                st.epoch,
-                self.opts.first_epoch,
-                end.map_or("endless".to_string(), |e| e.to_string())
-            )));
-        }
-        if end == Some(st.epoch) && *st != SlotState::start_of(st.epoch) {
-            // "After the last epoch": only the empty state is meaningful there.
-            return Err(Error::State(format!(
-                "state past the last epoch ({}) must be empty",
-                st.epoch
-            )));
-        }
+    /// Check `st` against this stream's settings and slot; returns its epoch's plan.
+    pub fn check(&self, st: &SlotState) -> Result<Arc<EpochPlan>> {
         let plan = self.plan_for(st.epoch);
-        let spec = self.spec_of(&st.specs, st.epoch);
-        if self.opts.shuffle_buffer == 0 && st.specs.iter().any(|(_, s)| !s.injected.is_empty()) {
-            return Err(Error::State(
-                "state injects buffered rows but shuffle_buffer is 0".into(),
-            ));
-        }
-        st.validate(
-            &plan,
-            &spec,
-            self.opts.shuffle_buffer,
-            self.opts.even == Even::Pad,
-        )?;
-        Ok((plan, spec))
+        check_state(&self.opts, self.slot, &plan, st)?;
+        Ok(plan)
     }
 
     /// Continue from `st` (validated first; on error the stream is unchanged).
     pub fn restore(&mut self, st: &SlotState) -> Result<()> {
-        let (plan, _) = self.check(st)?;
-        self.plan = plan;
+        self.plan = self.check(st)?;
         self.specs = st.specs.clone();
         self.set_epoch(st.epoch);
         self.cursor = st.cursor;
@@ -682,6 +654,43 @@ impl Stream {
     pub fn retained_rows(&self) -> usize {
         self.data.as_ref().map_or(0, |d| d.slab.live_rows)
     }
+}
+
+/// Check a state of `slot` under `opts`; `plan` is the plan of `st.epoch`. Returns the spec the
+/// state reads in that epoch.
+pub fn check_state(
+    opts: &StreamOptions,
+    slot: Slot,
+    plan: &EpochPlan,
+    st: &SlotState,
+) -> Result<SlotSpec> {
+    let end = opts.epochs.map(|n| opts.first_epoch + n);
+    if st.epoch < opts.first_epoch || end.is_some_and(|e| st.epoch > e) {
+        return Err(Error::State(format!(
+            "state is at epoch {} but this pass covers epochs {}..{}",
+            st.epoch,
+            opts.first_epoch,
+            end.map_or("endless".to_string(), |e| e.to_string())
+        )));
+    }
+    if end == Some(st.epoch) && *st != SlotState::start_of(st.epoch) {
+        // "After the last epoch": only the empty state is meaningful there.
+        return Err(Error::State(format!(
+            "state past the last epoch ({}) must be empty",
+            st.epoch
+        )));
+    }
+    if opts.shuffle_buffer == 0 && st.specs.iter().any(|(_, s)| !s.injected.is_empty()) {
+        return Err(Error::State(
+            "state injects buffered rows but shuffle_buffer is 0".into(),
+        ));
+    }
+    let spec = st
+        .spec_for(st.epoch)
+        .cloned()
+        .unwrap_or_else(|| slot.standard_spec(plan.total(), opts.even));
+    st.validate(plan, &spec, opts.shuffle_buffer, opts.even == Even::Pad)?;
+    Ok(spec)
 }
 
 fn buffer_key(opts: &StreamOptions, epoch: u64, slot: Slot) -> [u8; 32] {
