@@ -60,6 +60,13 @@ def _dist_rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _one_even(pending: list[tuple[_state.Slot, dict[str, Any]]]) -> str:
+    evens = {slot[2] for slot, _ in pending}
+    if len(evens) > 1:
+        raise StateError(f"the states mix even policies {sorted(evens)}: pass one checkpoint's states")
+    return evens.pop()
+
+
 def _worker() -> tuple[int, int]:
     info = torch.utils.data.get_worker_info() if torch is not None else None
     return (info.id, info.num_workers) if info is not None else (0, 1)
@@ -310,12 +317,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             probe = self._new_stream(pending[0][0], first_epoch=first_epochs[0], probe=True)
             probe.restore(pending[0][1])
         elif pending:
-            # One merge into a single slot checks every state against shared epoch plans.
+            # Checks every state against shared epoch plans (not one probe stream per state).
             probe = self._new_stream((0, 1, "off"), first_epoch=first_epochs[0], probe=True)
-            evens = {s[2] for s, _ in pending}
-            if len(evens) > 1:
-                raise StateError(f"the states mix even policies {sorted(evens)}")
-            probe.restore_merged([(s[0], s[1], p) for s, p in pending], evens.pop())
+            probe.check_states([(s[0], s[1], p) for s, p in pending], _one_even(pending))
         self._first_epoch = first_epochs[0]
         self._reset_position()
         self._pending = pending
@@ -330,11 +334,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
                 stream.restore(own[0])
             elif self._pending:
                 # Another layout (ranks x workers): take this slot's share of what is left.
-                evens = {s[2] for s, _ in self._pending}
-                if len(evens) > 1:
-                    raise StateError(f"the states mix even policies {sorted(evens)}")
                 try:
-                    stream.restore_merged([(s[0], s[1], p) for s, p in self._pending], evens.pop())
+                    merged = [(s[0], s[1], p) for s, p in self._pending]
+                    stream.restore_merged(merged, _one_even(self._pending))
                 except StateError as e:
                     raise StateError(
                         f"{e} (this iterator is slot {slot[0]} of {slot[1]}, slot = rank * "

@@ -31,6 +31,17 @@ struct Remainder {
     ranges: Vec<Range<u64>>,
 }
 
+/// Check every old state (as [`merged_state`] would) without computing any new slot's piece.
+pub fn check_states(
+    catalog: &Arc<Catalog>,
+    opts: &StreamOptions,
+    old: &[(Slot, SlotState)],
+    old_even: Even,
+) -> Result<()> {
+    let by_index = index_states(old)?;
+    remainders(catalog, opts, old[0].0.count, &by_index, old_even).map(|_| ())
+}
+
 /// The state a slot of the new layout starts from, given every old slot's state.
 /// `old_even` is the policy the old layout ran with (a single rank runs with `Even::Off`).
 pub fn merged_state(
@@ -40,25 +51,8 @@ pub fn merged_state(
     old_even: Even,
     new: Slot,
 ) -> Result<SlotState> {
-    let count = old
-        .first()
-        .map(|(s, _)| s.count)
-        .ok_or_else(|| Error::State("no states to resume from".into()))?;
-    let mut by_index: BTreeMap<u32, &SlotState> = BTreeMap::new();
-    for (slot, st) in old {
-        if slot.count != count {
-            return Err(Error::State(format!(
-                "states come from different layouts ({} and {} slots); pass the states of one checkpoint",
-                count, slot.count
-            )));
-        }
-        if by_index.insert(slot.index, st).is_some() {
-            return Err(Error::State(format!(
-                "two states for slot {} of {count}",
-                slot.index
-            )));
-        }
-    }
+    let by_index = index_states(old)?;
+    let count = old[0].0.count;
     if count == new.count && old_even == opts.even {
         // Same layout: continue this slot's own state, so the stream is identical.
         return by_index
@@ -78,8 +72,62 @@ pub fn merged_state(
             new.count
         )));
     }
+    let owed = remainders(catalog, opts, count, &by_index, old_even)?;
+    let specs: Vec<(u64, SlotSpec)> = owed
+        .into_iter()
+        .map(|(e, r)| (e, piece(&r, new, opts.even)))
+        .collect();
+    let Some(&(epoch, _)) = specs.first() else {
+        // Every old slot is past the last epoch: so is the new one.
+        let end = opts.epochs.map(|n| opts.first_epoch + n);
+        let last = by_index
+            .values()
+            .map(|st| st.epoch)
+            .max()
+            .unwrap_or(opts.first_epoch);
+        return Ok(SlotState::start_of(end.unwrap_or(last)));
+    };
+    let mut st = SlotState::start_of(epoch);
+    st.buffer = specs
+        .first()
+        .map(|(_, s)| s.injected.clone())
+        .unwrap_or_default();
+    st.specs = specs;
+    Ok(st)
+}
 
-    // Per old slot: validate, and collect what it still owes per epoch.
+/// Old states by slot index; all from one layout, none twice.
+fn index_states(old: &[(Slot, SlotState)]) -> Result<BTreeMap<u32, &SlotState>> {
+    let count = old
+        .first()
+        .map(|(s, _)| s.count)
+        .ok_or_else(|| Error::State("no states to resume from".into()))?;
+    let mut by_index = BTreeMap::new();
+    for (slot, st) in old {
+        if slot.count != count {
+            return Err(Error::State(format!(
+                "states come from different layouts ({} and {} slots); pass the states of one checkpoint",
+                count, slot.count
+            )));
+        }
+        if by_index.insert(slot.index, st).is_some() {
+            return Err(Error::State(format!(
+                "two states for slot {} of {count}",
+                slot.index
+            )));
+        }
+    }
+    Ok(by_index)
+}
+
+/// Validate every old state and collect what each unfinished epoch still owes.
+fn remainders(
+    catalog: &Arc<Catalog>,
+    opts: &StreamOptions,
+    count: u32,
+    by_index: &BTreeMap<u32, &SlotState>,
+    old_even: Even,
+) -> Result<BTreeMap<u64, Remainder>> {
     let end = opts.epochs.map(|n| opts.first_epoch + n);
     let old_opts = StreamOptions {
         even: old_even,
@@ -95,7 +143,7 @@ pub fn merged_state(
     // One plan per epoch for all old slots (building one is O(row groups)).
     let mut plans: BTreeMap<u64, Arc<EpochPlan>> = BTreeMap::new();
     let shuffle = opts.shuffle_buffer > 0;
-    for (&index, st) in &by_index {
+    for (&index, st) in by_index {
         let plan = plans
             .entry(st.epoch)
             .or_insert_with(|| {
@@ -107,7 +155,8 @@ pub fn merged_state(
                 ))
             })
             .clone();
-        let spec = check_state(&old_opts, Slot::new(index, count)?, &plan, st)?;
+        let slot = Slot::new(index, count)?;
+        let spec = check_state(&old_opts, slot, &plan, st)?;
         if end.is_some_and(|e| st.epoch >= e) {
             continue;
         }
@@ -118,28 +167,13 @@ pub fn merged_state(
             let spec = st
                 .spec_for(e)
                 .cloned()
-                .unwrap_or_else(|| Slot { index, count }.standard_spec(plan.total(), old_even));
+                .unwrap_or_else(|| slot.standard_spec(plan.total(), old_even));
             let r = owed.entry(e).or_default();
             r.rows.extend(spec.injected);
             r.ranges.extend(spec.ranges);
         }
     }
-
-    let specs: Vec<(u64, SlotSpec)> = owed
-        .into_iter()
-        .map(|(e, r)| (e, piece(&r, new, opts.even)))
-        .collect();
-    let Some(&(epoch, _)) = specs.first() else {
-        // Every old slot is past the last epoch: so is the new one.
-        return Ok(SlotState::start_of(end.unwrap_or(last)));
-    };
-    let mut st = SlotState::start_of(epoch);
-    st.buffer = specs
-        .first()
-        .map(|(_, s)| s.injected.clone())
-        .unwrap_or_default();
-    st.specs = specs;
-    Ok(st)
+    Ok(owed)
 }
 
 /// Slot `new`'s balanced piece of a remainder laid out as `rows ++ ranges`.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use pyo3_arrow::{PyRecordBatch, PySchema};
-use shardstream_core::elastic::merged_state;
+use shardstream_core::elastic::{check_states, merged_state};
 use shardstream_core::state::{ids_from_base64, ids_to_base64};
 use shardstream_core::{Catalog, Error, Even, Slot, SlotSpec, SlotState, Stream, StreamOptions};
 
@@ -201,26 +201,18 @@ impl RawStream {
         states: &Bound<'_, PyList>,
         even: &str,
     ) -> PyResult<()> {
-        let old_even = parse_even(even).map_err(|e| to_py(py, Error::State(e.to_string())))?;
-        let mut old = Vec::with_capacity(states.len());
-        for item in states.iter() {
-            let (index, count, d): (u32, u32, Bound<'_, PyDict>) =
-                item.extract().map_err(|_| {
-                    to_py(
-                        py,
-                        Error::State(
-                            "each merged state must be (slot_index, slot_count, position dict)"
-                                .into(),
-                        ),
-                    )
-                })?;
-            let slot =
-                Slot::new(index, count).map_err(|e| to_py(py, Error::State(e.to_string())))?;
-            old.push((slot, state_from_py(py, &d)?));
-        }
+        let (old, old_even) = merged_input(py, states, even)?;
         self.with(py, move |s| {
             let st = merged_state(s.catalog(), s.options(), &old, old_even, s.slot())?;
             s.restore(&st)
+        })
+    }
+
+    /// Validate the states of several slots (as `restore_merged` would) without restoring.
+    fn check_states(&self, py: Python<'_>, states: &Bound<'_, PyList>, even: &str) -> PyResult<()> {
+        let (old, old_even) = merged_input(py, states, even)?;
+        self.with(py, move |s| {
+            check_states(s.catalog(), s.options(), &old, old_even)
         })
     }
 
@@ -232,6 +224,26 @@ impl RawStream {
     fn retained_rows(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |s| Ok(s.retained_rows()))
     }
+}
+
+type MergedInput = (Vec<(Slot, SlotState)>, Even);
+
+fn merged_input(py: Python<'_>, states: &Bound<'_, PyList>, even: &str) -> PyResult<MergedInput> {
+    let old_even = parse_even(even).map_err(|e| to_py(py, Error::State(e.to_string())))?;
+    let mut old = Vec::with_capacity(states.len());
+    for item in states.iter() {
+        let (index, count, d): (u32, u32, Bound<'_, PyDict>) = item.extract().map_err(|_| {
+            to_py(
+                py,
+                Error::State(
+                    "each merged state must be (slot_index, slot_count, position dict)".into(),
+                ),
+            )
+        })?;
+        let slot = Slot::new(index, count).map_err(|e| to_py(py, Error::State(e.to_string())))?;
+        old.push((slot, state_from_py(py, &d)?));
+    }
+    Ok((old, old_even))
 }
 
 fn parse_even(even: &str) -> Result<Even, Error> {
