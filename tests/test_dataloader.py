@@ -91,7 +91,8 @@ def test_dataloader_rank_and_workers_slots(small):
     n = small.num_rows
     got = []
     for rank in range(2):
-        ds = make_ds(small.root, dict(output="python", batch_size=10, rank=rank, world_size=2))
+        ds = make_ds(small.root, dict(output="python", batch_size=10, rank=rank, world_size=2,
+                                      even=None))
         loader = DataLoader(Probe(ds, True), batch_size=None, num_workers=2)
         per_worker: dict[int, list] = {}
         for x in loader:

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from harness import (
     del_path,
+    flat_ids,
     full_stream,
     keys_of,
     make_ds,
@@ -369,9 +370,26 @@ def test_other_settings(small, mid_state, field, value):
     assert field in str(e), f"message does not name {field!r}: {e}"
 
 
-def test_other_settings_rank_world(small, mid_state):
-    e = expect(StateError, _load(small.root, dict(ST, rank=0, world_size=2), mid_state))
-    assert isinstance(e, ValueError)
+def test_other_rank_layout_resumes_elastically(small, mid_state):
+    """A 1-rank state loaded by 2 ranks is an elastic resume, not an error: the rows the first
+    run had not yielded are split between the ranks (even=None: each exactly once)."""
+    settings = dict(ST, even=None)
+    ds = make_ds(small.root, settings)
+    head = flat_ids(keys_of(take(iter(ds), 37), True))
+    state = torch_roundtrip(ds.state_dict())
+    rest = []
+    for rank in range(2):
+        r = make_ds(small.root, dict(settings, rank=rank, world_size=2))
+        r.load_state_dict(state)
+        rest += flat_ids(keys_of(r, True))
+    assert sorted(head + rest) == sorted(small.ids * 2)
+
+
+def test_other_layout_needs_every_slot(small):
+    """Resuming 2 slots as 1 needs both states; one alone names what is missing."""
+    ds = make_ds(small.root, dict(ST, rank=1, world_size=2))
+    take(iter(ds), 3)
+    expect(StateError, _load(small.root, ST, ds.state_dict()), "missing slots [0]")
 
 
 @pytest.fixture

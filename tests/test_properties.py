@@ -86,7 +86,7 @@ def test_ranks_cover_every_row_once_per_epoch(layout, world, buf, bs, seed):
         sizes = []
         for r in range(world):
             s = dict(output="python", rank=r, world_size=world, shuffle_buffer=buf, seed=seed,
-                     batch_size=bs, epochs=2)
+                     batch_size=bs, epochs=2, even=None)
             keys = full_stream(tmp, s)
             flat = [i for k in keys for i in (k if isinstance(k, tuple) else (k,))]
             assert len(flat) % 2 == 0

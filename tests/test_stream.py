@@ -464,7 +464,7 @@ def test_ranks_partition_every_epoch(small, world, buf):
     parts = []
     for r in range(world):
         s = full_stream(small.root, dict(output="python", rank=r, world_size=world,
-                                         shuffle_buffer=buf, seed=9, epochs=2))
+                                         shuffle_buffer=buf, seed=9, epochs=2, even=None))
         assert len(s) % 2 == 0
         parts.append(s)
     sizes = [len(p) // 2 for p in parts]
@@ -479,6 +479,29 @@ def test_ranks_partition_every_epoch(small, world, buf):
         assert [x for p, sz in zip(parts, sizes, strict=True) for x in p[:sz]] == list(range(n)), (
             "unshuffled slots must be contiguous ranges in slot order"
         )
+
+
+@pytest.mark.parametrize("even", ["drop", "pad"])
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_even_policies_equalize_ranks(small, world, even):
+    """even="drop": every rank yields n // world rows per epoch, none twice, < world missing.
+    even="pad": every rank yields ceil(n / world), all rows present, < world repeated."""
+    n = small.num_rows
+    per_rank = []
+    for r in range(world):
+        ids = flat_ids(keys_of(make_ds(small.root, dict(output="python", rank=r, world_size=world,
+                                                         shuffle_buffer=11, seed=4, batch_size=4,
+                                                         even=even)), True))
+        per_rank.append(ids)
+    want = n // world if even == "drop" else -(-n // world)
+    assert [len(p) for p in per_rank] == [want] * world
+    union = Counter(i for p in per_rank for i in p)
+    if even == "drop":
+        assert max(union.values()) == 1 and set(union) <= set(small.ids)
+        assert n - len(union) < world
+    else:
+        assert set(union) == set(small.ids)
+        assert sum(union.values()) - n < world
 
 
 def test_rank_defaults_from_env(small, monkeypatch):
