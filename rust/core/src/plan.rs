@@ -213,36 +213,8 @@ impl EpochPlan {
     }
 
     /// The segments covering positions `range`, in order.
-    pub fn segments(&self, range: Range<u64>) -> Vec<Segment> {
-        let mut out = Vec::new();
-        if range.start >= range.end {
-            return out;
-        }
-        let (mut i, mut off) = self.find(range.start);
-        let mut pos = range.start;
-        while pos < range.end {
-            let u = self.units[self.order[i] as usize];
-            let len = (u.rows - off).min(range.end - pos);
-            out.push(Segment {
-                shard: u.shard as usize,
-                row_group: u.row_group as usize,
-                start: off,
-                len,
-                first_row: u.first_row + off,
-            });
-            pos += len;
-            i += 1;
-            off = 0;
-        }
-        out
-    }
-
-    /// The segments covering several position ranges, in order.
-    pub fn segments_of(&self, ranges: &[Range<u64>]) -> Vec<Segment> {
-        ranges
-            .iter()
-            .flat_map(|r| self.segments(r.clone()))
-            .collect()
+    pub fn segments(self: &Arc<Self>, range: Range<u64>) -> Vec<Segment> {
+        Segments::new(self.clone(), vec![range], u64::MAX).collect()
     }
 
     /// Epoch positions of global row ids (`None` for an id outside the dataset). Used to check
@@ -265,6 +237,54 @@ impl EpochPlan {
                 Some(self.cum[inv[u] as usize] + (r - unit.first_row))
             })
             .collect()
+    }
+}
+
+/// The segments covering position `ranges` of an epoch, generated one at a time (a slot's range
+/// can span a million row groups; nothing materializes them all), each at most `max_len` rows.
+#[derive(Clone)]
+pub struct Segments {
+    plan: Arc<EpochPlan>,
+    ranges: std::collections::VecDeque<Range<u64>>,
+    max_len: u64,
+}
+
+impl Segments {
+    pub fn new(plan: Arc<EpochPlan>, ranges: Vec<Range<u64>>, max_len: u64) -> Self {
+        Segments {
+            plan,
+            ranges: ranges.into_iter().filter(|r| r.start < r.end).collect(),
+            max_len: max_len.max(1),
+        }
+    }
+
+    /// Like [`Segments::new`], but only cut a segment at `max_len` rows when `splittable(shard)`.
+    pub fn next_with(&mut self, splittable: impl Fn(usize) -> bool) -> Option<Segment> {
+        let r = self.ranges.front_mut()?;
+        let (i, off) = self.plan.find(r.start);
+        let u = self.plan.units[self.plan.order[i] as usize];
+        let mut len = (u.rows - off).min(r.end - r.start);
+        if len > self.max_len && splittable(u.shard as usize) {
+            len = self.max_len;
+        }
+        r.start += len;
+        if r.start == r.end {
+            self.ranges.pop_front();
+        }
+        Some(Segment {
+            shard: u.shard as usize,
+            row_group: u.row_group as usize,
+            start: off,
+            len,
+            first_row: u.first_row + off,
+        })
+    }
+}
+
+impl Iterator for Segments {
+    type Item = Segment;
+    fn next(&mut self) -> Option<Segment> {
+        self.next_with(|_| true)
     }
 }
 
@@ -298,7 +318,7 @@ mod tests {
         #[test]
         fn slots_partition_the_epoch(sizes in proptest::collection::vec(1u64..50, 0..20),
                                      count in 1u32..9, seed in any::<u64>(), shuffle in any::<bool>()) {
-            let plan = EpochPlan::new(mk_units(&sizes), seed, 3, shuffle);
+            let plan = Arc::new(EpochPlan::new(mk_units(&sizes), seed, 3, shuffle));
             let total: u64 = sizes.iter().sum();
             prop_assert_eq!(plan.total(), total);
             let mut seen = vec![0u8; total as usize];

@@ -6,6 +6,8 @@
 //!   its pieces in order into its own bounded channel, and the consumer reads the channels
 //!   round-robin. Output order is therefore exactly the synchronous order, and the state (which
 //!   counts rows *consumed*, never rows decoded) is unaffected by how far readahead got.
+//! * Pieces are generated lazily from the plan (each thread walks the sequence and takes its
+//!   own), so starting readahead costs O(1) even when the range spans a million row groups.
 //! * Large row groups are cut into pieces of at most `piece_rows` rows when the file has an
 //!   offset index (each piece then decodes only its own pages), so even a few huge row groups
 //!   keep every thread busy. Without an offset index a piece would re-decode the pages before it,
@@ -24,7 +26,7 @@ use arrow_array::RecordBatch;
 
 use crate::catalog::Catalog;
 use crate::error::{panic_message, Error, Result};
-use crate::plan::Segment;
+use crate::plan::{Segment, Segments};
 use crate::reader::SegmentReader;
 
 enum Msg {
@@ -33,27 +35,27 @@ enum Msg {
     Failed(Error),
 }
 
-/// Split segments into pieces of at most `piece_rows` where the shard allows cheap seeks.
-pub fn pieces(catalog: &Catalog, segments: Vec<Segment>, piece_rows: u64) -> Vec<Segment> {
-    let mut out = Vec::with_capacity(segments.len());
-    for seg in segments {
-        if piece_rows == 0 || seg.len <= piece_rows || !catalog.shard(seg.shard).has_offset_index {
-            out.push(seg);
-            continue;
-        }
-        let mut off = 0;
-        while off < seg.len {
-            let len = piece_rows.min(seg.len - off);
-            out.push(Segment {
-                start: seg.start + off,
-                len,
-                first_row: seg.first_row + off,
-                ..seg
-            });
-            off += len;
-        }
+/// The pieces of a slot's remaining input: segments cut to at most `piece_rows` rows where the
+/// shard allows cheap seeks (it has an offset index), generated lazily.
+#[derive(Clone)]
+pub struct Pieces {
+    catalog: Arc<Catalog>,
+    segments: Segments,
+}
+
+impl Pieces {
+    pub fn new(catalog: Arc<Catalog>, segments: Segments) -> Self {
+        Pieces { catalog, segments }
     }
-    out
+}
+
+impl Iterator for Pieces {
+    type Item = Segment;
+    fn next(&mut self) -> Option<Segment> {
+        let catalog = &self.catalog;
+        self.segments
+            .next_with(|shard| catalog.shard(shard).has_offset_index)
+    }
 }
 
 /// Background decoding of a fixed list of pieces, consumed in order.
@@ -67,17 +69,18 @@ pub struct Prefetcher {
 impl Prefetcher {
     pub fn start(
         catalog: Arc<Catalog>,
-        pieces: Vec<Segment>,
+        pieces: Pieces,
         threads: usize,
         depth: usize,
         batch_rows: usize,
     ) -> Result<Self> {
-        let threads = threads.clamp(1, pieces.len().max(1));
+        let threads = threads.max(1);
         let stop = Arc::new(AtomicBool::new(false));
         let mut channels = Vec::with_capacity(threads);
         for t in 0..threads {
             let (tx, rx) = sync_channel(depth.max(1));
-            let mine: Vec<Segment> = pieces.iter().skip(t).step_by(threads).copied().collect();
+            // Each thread walks the (cheap, lazy) piece sequence and decodes every `threads`-th.
+            let mine = pieces.clone().skip(t).step_by(threads);
             let (catalog, stop) = (catalog.clone(), stop.clone());
             std::thread::Builder::new()
                 .name(format!("shardstream-read-{t}"))
@@ -120,14 +123,14 @@ impl Drop for Prefetcher {
 
 fn decode_pieces(
     catalog: Arc<Catalog>,
-    pieces: Vec<Segment>,
+    pieces: impl Iterator<Item = Segment>,
     tx: SyncSender<Msg>,
     stop: Arc<AtomicBool>,
     batch_rows: usize,
 ) {
     let run = || -> Result<bool> {
-        for p in &pieces {
-            let mut reader = SegmentReader::open(catalog.clone(), p, batch_rows)?;
+        for p in pieces {
+            let mut reader = SegmentReader::open(catalog.clone(), &p, batch_rows)?;
             while let Some((first, b)) = reader.next_batch()? {
                 if stop.load(Ordering::Relaxed) || tx.send(Msg::Batch(first, b)).is_err() {
                     return Ok(false);

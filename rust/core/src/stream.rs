@@ -11,7 +11,6 @@
 //! The state is always the position after the last *emitted* row; after a restore the buffer's
 //! rows are re-read by id (hydration) before the next output.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -20,12 +19,12 @@ use arrow_select::interleave::interleave_record_batch;
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::plan::{EpochPlan, Even, Segment, Slot, SlotSpec, Unit};
-use crate::prefetch::{pieces, Prefetcher};
+use crate::plan::{EpochPlan, Even, Segment, Segments, Slot, SlotSpec, Unit};
+use crate::prefetch::{Pieces, Prefetcher};
 use crate::reader::{read_rows, SegmentReader};
 use crate::rng::{derive_key, Prng};
 use crate::shuffle::{Buffer, RowSource};
-use crate::state::SlotState;
+use crate::state::{Base64Cache, SlotState};
 
 /// Settings that shape the stream (everything that must match for a state to load).
 #[derive(Debug, Clone)]
@@ -134,10 +133,10 @@ impl Slab {
 /// Where decoded batches come from: this thread, or readahead threads started on first use.
 enum Source {
     Sync {
-        segments: VecDeque<Segment>,
+        segments: Segments,
         reader: Option<SegmentReader>,
     },
-    NotStarted(Vec<Segment>),
+    NotStarted(Pieces),
     Ahead(Prefetcher),
 }
 
@@ -156,19 +155,22 @@ struct Input {
 impl Input {
     fn new(
         catalog: Arc<Catalog>,
-        plan: &EpochPlan,
+        plan: &Arc<EpochPlan>,
         spec: &SlotSpec,
         cursor: u64,
         opts: &StreamOptions,
     ) -> Self {
-        let segments = plan.segments_of(&spec.ranges_after(cursor));
+        let ranges = spec.ranges_after(cursor);
         let source = if opts.readahead_threads == 0 {
             Source::Sync {
-                segments: segments.into(),
+                segments: Segments::new(plan.clone(), ranges, u64::MAX),
                 reader: None,
             }
         } else {
-            Source::NotStarted(pieces(&catalog, segments, opts.piece_rows))
+            Source::NotStarted(Pieces::new(
+                catalog.clone(),
+                Segments::new(plan.clone(), ranges, opts.piece_rows),
+            ))
         };
         Input {
             catalog,
@@ -198,7 +200,7 @@ impl Input {
                             return Ok(Some(b));
                         }
                     }
-                    match segments.pop_front() {
+                    match segments.next() {
                         Some(seg) => {
                             *reader = Some(SegmentReader::open(
                                 self.catalog.clone(),
@@ -210,7 +212,7 @@ impl Input {
                     }
                 }
                 Source::NotStarted(pieces) => {
-                    let pieces = std::mem::take(pieces);
+                    let pieces = pieces.clone();
                     let o = &self.opts;
                     self.source = Source::Ahead(Prefetcher::start(
                         self.catalog.clone(),
@@ -291,22 +293,23 @@ impl RowSource for DataRows<'_> {
 
 /// Input rows as ids only: the coordinate twin of [`Input`], walking the same segments.
 struct CoordRows {
-    segments: VecDeque<Segment>,
+    segments: Segments,
+    current: Option<Segment>,
 }
 
 impl RowSource for CoordRows {
     type Data = ();
     fn next_row(&mut self) -> Result<(u64, ())> {
+        if self.current.is_none_or(|s| s.len == 0) {
+            self.current = self.segments.next();
+        }
         let seg = self
-            .segments
-            .front_mut()
+            .current
+            .as_mut()
             .ok_or_else(|| Error::Internal("coordinate walk past the end of the slot".into()))?;
         let row = seg.first_row;
         seg.first_row += 1;
         seg.len -= 1;
-        if seg.len == 0 {
-            self.segments.pop_front();
-        }
         Ok((row, ()))
     }
 }
@@ -334,6 +337,8 @@ pub struct Stream {
     /// Non-standard specs of the current and later epochs (after an elastic resume).
     specs: Vec<(u64, SlotSpec)>,
     data: Option<DataSide>,
+    /// Incremental base64 of the buffer for cheap per-step snapshots.
+    encoded: Base64Cache,
     /// State before the last returned batch, when `keep_batch_start` is on (row mode).
     batch_start: Option<SlotState>,
     keep_batch_start: bool,
@@ -369,6 +374,7 @@ impl Stream {
             spec,
             specs: Vec::new(),
             data: None,
+            encoded: Base64Cache::default(),
             batch_start: None,
             keep_batch_start: false,
         })
@@ -438,11 +444,34 @@ impl Stream {
     /// The position after the last emitted row.
     pub fn state(&self) -> SlotState {
         SlotState {
+            buffer: self.buffer.rows.clone(),
+            ..self.state_without_buffer()
+        }
+    }
+
+    /// A state for serialization: the state (`within` rows into the last batch, or after it)
+    /// with its buffer moved out into base64 text, encoded incrementally.
+    pub fn snapshot(&mut self, within: Option<usize>) -> Result<(SlotState, &str)> {
+        let mut st = match within {
+            Some(k) => self.state_within_batch(k)?,
+            None => self.state_without_buffer(),
+        };
+        let rows = std::mem::take(&mut st.buffer);
+        let text = self.encoded.encode(if within.is_some() {
+            &rows
+        } else {
+            &self.buffer.rows
+        });
+        Ok((st, text))
+    }
+
+    fn state_without_buffer(&self) -> SlotState {
+        SlotState {
             epoch: self.epoch,
             cursor: self.cursor,
             emitted: self.emitted,
             rng_word_pos: self.rng.word_pos(),
-            buffer: self.buffer.rows.clone(),
+            buffer: Vec::new(),
             specs: self.specs.clone(),
         }
     }
@@ -510,7 +539,8 @@ impl Stream {
             rows: std::mem::take(&mut out.buffer),
         };
         let mut src = CoordRows {
-            segments: plan.segments_of(&spec.ranges_after(st.cursor)).into(),
+            segments: Segments::new(plan.clone(), spec.ranges_after(st.cursor), u64::MAX),
+            current: None,
         };
         for _ in 0..k {
             if buf

@@ -181,11 +181,11 @@ impl RawStream {
     /// the last returned batch.
     #[pyo3(signature = (within=None))]
     fn state<'py>(&self, py: Python<'py>, within: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
-        let st = self.with(py, |s| match within {
-            None => Ok(s.state()),
-            Some(k) => s.state_within_batch(k),
+        let (st, buffer) = self.with(py, |s| {
+            let (st, text) = s.snapshot(within)?;
+            Ok((st, text.to_owned()))
         })?;
-        state_to_py(py, &st)
+        state_to_py(py, &st, &buffer)
     }
 
     fn restore(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
@@ -267,13 +267,14 @@ const SLOT_KEYS: [&str; 6] = [
 ];
 const SPEC_KEYS: [&str; 3] = ["epoch", "ranges", "injected"];
 
-fn state_to_py<'py>(py: Python<'py>, st: &SlotState) -> PyResult<Bound<'py, PyDict>> {
+/// `buffer` is the base64 text of `st`'s buffer (whose own `buffer` field is not read).
+fn state_to_py<'py>(py: Python<'py>, st: &SlotState, buffer: &str) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("epoch", st.epoch)?;
     d.set_item("cursor", st.cursor)?;
     d.set_item("emitted", st.emitted)?;
     d.set_item("rng_word_pos", st.rng_word_pos)?;
-    d.set_item("buffer", st.buffer_base64())?;
+    d.set_item("buffer", buffer)?;
     let specs = PyList::empty(py);
     for (epoch, spec) in &st.specs {
         let sd = PyDict::new(py);
