@@ -27,7 +27,6 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from shardstream import ParquetStream
 from shardstream._core import RawStream
 
@@ -44,7 +43,9 @@ def make_data(root: str, shards: int, row_groups: int, rg_rows: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--new-ranks", type=int, default=512)
@@ -52,7 +53,9 @@ def main() -> int:
     ap.add_argument("--buffer", type=int, default=1000, help="shuffle_buffer rows per slot")
     ap.add_argument("--shards", type=int, default=200)
     ap.add_argument("--row-groups", type=int, default=50, help="row groups per shard")
-    ap.add_argument("--rg-rows", type=int, default=0, help="rows per row group (0: enough to fill buffers)")
+    ap.add_argument(
+        "--rg-rows", type=int, default=0, help="rows per row group (0: enough to fill buffers)"
+    )
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardstream-scale"))
     a = ap.parse_args()
 
@@ -63,13 +66,29 @@ def main() -> int:
     t = time.perf_counter()
     make_data(data, a.shards, a.row_groups, rg_rows)
     total = a.shards * a.row_groups * rg_rows
-    print(f"data: {a.shards} shards x {a.row_groups} row groups x {rg_rows} rows = {total:,} rows "
-          f"({time.perf_counter() - t:.1f}s to prepare)")
+    print(
+        f"data: {a.shards} shards x {a.row_groups} row groups x {rg_rows} rows = {total:,} rows "
+        f"({time.perf_counter() - t:.1f}s to prepare)"
+    )
 
-    ds = ParquetStream(data, columns=["id"], batch_size=32, shuffle_buffer=a.buffer, seed=1,
-                       output="arrow", even=None, readahead_threads=0)
-    settings = dict(seed=1, shuffle_buffer=a.buffer, first_epoch=0, epochs=1, slot_count=slots,
-                    readahead_threads=0)
+    ds = ParquetStream(
+        data,
+        columns=["id"],
+        batch_size=32,
+        shuffle_buffer=a.buffer,
+        seed=1,
+        output="arrow",
+        even=None,
+        readahead_threads=0,
+    )
+    settings = dict(
+        seed=1,
+        shuffle_buffer=a.buffer,
+        first_epoch=0,
+        epochs=1,
+        slot_count=slots,
+        readahead_threads=0,
+    )
     t = time.perf_counter()
     states = []
     template = ds.state_dict()
@@ -82,12 +101,27 @@ def main() -> int:
     per_slot = len(pickle.dumps(states[0]))
     per_rank = len(pickle.dumps(states[: a.workers]))
     everything = len(pickle.dumps(states))
-    print(f"built {slots:,} slot states ({a.ranks} ranks x {a.workers} workers, buffer {a.buffer}) "
-          f"in {build:.1f}s")
-    print(f"state size: {per_slot:,} B per slot, {per_rank:,} B per rank, {everything / 2**20:.1f} MiB all")
+    print(
+        f"built {slots:,} slot states ({a.ranks} ranks x {a.workers} workers, buffer {a.buffer}) "
+        f"in {build:.1f}s"
+    )
+    print(
+        f"state size: {per_slot:,} B per slot, {per_rank:,} B per rank, "
+        f"{everything / 2**20:.1f} MiB all"
+    )
 
-    new = ParquetStream(data, columns=["id"], batch_size=32, shuffle_buffer=a.buffer, seed=1,
-                        output="arrow", even=None, rank=0, world_size=a.new_ranks, readahead_threads=0)
+    new = ParquetStream(
+        data,
+        columns=["id"],
+        batch_size=32,
+        shuffle_buffer=a.buffer,
+        seed=1,
+        output="arrow",
+        even=None,
+        rank=0,
+        world_size=a.new_ranks,
+        readahead_threads=0,
+    )
     t = time.perf_counter()
     new.load_state_dict(states)
     load = time.perf_counter() - t
@@ -101,10 +135,14 @@ def main() -> int:
     first_batch = time.perf_counter() - t
     assert first is not None and first.num_rows == 32
     print(f"load_state_dict(all {slots:,} states): {load:.2f}s")
-    print(f"merge for one slot of {a.new_ranks} x {a.new_workers}: {merge:.2f}s; "
-          f"then first batch (refills its buffer): {first_batch * 1e3:.0f} ms")
-    print(f"units: {a.shards * a.row_groups:,} row groups; merge time is O(slots x buffer) "
-          "+ O(row groups) per epoch in play")
+    print(
+        f"merge for one slot of {a.new_ranks} x {a.new_workers}: {merge:.2f}s; "
+        f"then first batch (refills its buffer): {first_batch * 1e3:.0f} ms"
+    )
+    print(
+        f"units: {a.shards * a.row_groups:,} row groups; merge time is O(slots x buffer) "
+        "+ O(row groups) per epoch in play"
+    )
     return 0
 
 

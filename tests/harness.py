@@ -291,8 +291,12 @@ def check_resume(
     n = len(full)
     if points is None:
         points = interrupt_points(
-            n, paths, settings, n_random=n_random,
-            max_boundary_points=max_boundary_points, rng_seed=rng_seed,
+            n,
+            paths,
+            settings,
+            n_random=n_random,
+            max_boundary_points=max_boundary_points,
+            rng_seed=rng_seed,
         )
     stream, states = states_along(source, settings, points)
     assert stream == full[: len(stream)], "calling state_dict() while iterating changed the stream"
@@ -346,8 +350,8 @@ def _diff_msg(settings: dict, k: int, full: list, rest: list, base: int | None =
     return (
         f"settings={settings} interrupt k={k}: resumed stream differs at resumed item {i} "
         f"(stream item {base + i}); expected {len(expect)} items, got {len(rest)}; "
-        f"expected[{i}:{i + 2}]={_short(expect[i:i + 2])} "
-        f"got[{i}:{i + 2}]={_short(rest[i:i + 2])}"
+        f"expected[{i}:{i + 2}]={_short(expect[i : i + 2])} "
+        f"got[{i}:{i + 2}]={_short(rest[i : i + 2])}"
     )
 
 
@@ -387,11 +391,13 @@ def run_child(tmp_dir: str, source: Any, settings: dict, state: Any = None, tag:
     code = _CHILD.format(tests_dir=TESTS_DIR)
     proc = subprocess.run(
         [sys.executable, "-c", code, spec_file],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    keys = json.loads(line[len("RESULT"):])
+    keys = json.loads(line[len("RESULT") :])
     return [tuple(k) if isinstance(k, list) else k for k in keys]
 
 

@@ -56,12 +56,31 @@ def test_content_matches_expected(small, tiny):
 
 
 def test_deterministic_and_options(tmp_path):
-    a = datagen.write_shards(tmp_path / "a", num_shards=3, rows_per_shard=[10, 0, 7], seed=4,
-                             start_id=100, prefix="p", tokens_len=(2, 5), nulls=False)
-    b = datagen.write_shards(tmp_path / "b", num_shards=3, rows_per_shard=[10, 0, 7], seed=4,
-                             start_id=100, prefix="p", tokens_len=(2, 5), nulls=False)
-    assert [x.rsplit("/", 1)[1] for x in a] == ["p-00000.parquet", "p-00001.parquet",
-                                                "p-00002.parquet"]
+    a = datagen.write_shards(
+        tmp_path / "a",
+        num_shards=3,
+        rows_per_shard=[10, 0, 7],
+        seed=4,
+        start_id=100,
+        prefix="p",
+        tokens_len=(2, 5),
+        nulls=False,
+    )
+    b = datagen.write_shards(
+        tmp_path / "b",
+        num_shards=3,
+        rows_per_shard=[10, 0, 7],
+        seed=4,
+        start_id=100,
+        prefix="p",
+        tokens_len=(2, 5),
+        nulls=False,
+    )
+    assert [x.rsplit("/", 1)[1] for x in a] == [
+        "p-00000.parquet",
+        "p-00001.parquet",
+        "p-00002.parquet",
+    ]
     ta, tb = (pa.concat_tables([pq.read_table(x) for x in s]) for s in (a, b))
     assert ta.equals(tb)
     assert row_group_layout(a) == row_group_layout(b)

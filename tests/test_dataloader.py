@@ -38,11 +38,15 @@ def loader_keys(loader, batched=True):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("settings", [
-    dict(output="torch", batch_size=16, shuffle_buffer=7, seed=1, epochs=1),
-    dict(output="python", batch_size=5, epochs=2),
-    dict(output="numpy", batch_size=64, shuffle_buffer=100, seed=2, epochs=3),
-], ids=["torch-b16", "python-b5-e2", "numpy-b64-e3"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(output="torch", batch_size=16, shuffle_buffer=7, seed=1, epochs=1),
+        dict(output="python", batch_size=5, epochs=2),
+        dict(output="numpy", batch_size=64, shuffle_buffer=100, seed=2, epochs=3),
+    ],
+    ids=["torch-b16", "python-b5-e2", "numpy-b64-e3"],
+)
 def test_dataloader_union_is_every_row_once_per_epoch(small, num_workers, settings):
     ds = make_ds(small.root, settings)
     loader = DataLoader(Probe(ds, True), batch_size=None, num_workers=num_workers)
@@ -91,8 +95,9 @@ def test_dataloader_rank_and_workers_slots(small):
     n = small.num_rows
     got = []
     for rank in range(2):
-        ds = make_ds(small.root, dict(output="python", batch_size=10, rank=rank, world_size=2,
-                                      even=None))
+        ds = make_ds(
+            small.root, dict(output="python", batch_size=10, rank=rank, world_size=2, even=None)
+        )
         loader = DataLoader(Probe(ds, True), batch_size=None, num_workers=2)
         per_worker: dict[int, list] = {}
         for x in loader:
@@ -106,16 +111,22 @@ def test_dataloader_rank_and_workers_slots(small):
 def test_dataloader_row_mode_collation(shard_factory):
     ss = shard_factory(num_shards=3, rows_per_shard=[50, 33, 41], tokens_len=(4, 4), nulls=False)
     for nw in (0, 2):
-        ds = ParquetStream(ss.root, output="torch", columns=["id", "tokens", "text", "label"],
-                           shuffle_buffer=7, seed=1)
+        ds = ParquetStream(
+            ss.root,
+            output="torch",
+            columns=["id", "tokens", "text", "label"],
+            shuffle_buffer=7,
+            seed=1,
+        )
         loader = DataLoader(ds, batch_size=8, num_workers=nw)
         seen = []
         for b in loader:
             assert isinstance(b["id"], torch.Tensor) and b["id"].dim() == 1
             assert b["tokens"].shape == (len(b["id"]), 4)
             assert isinstance(b["text"], list)
-            for i, tok, txt, lab in zip(b["id"].tolist(), b["tokens"].tolist(), b["text"],
-                                        b["label"].tolist(), strict=True):
+            for i, tok, txt, lab in zip(
+                b["id"].tolist(), b["tokens"].tolist(), b["text"], b["label"].tolist(), strict=True
+            ):
                 assert tok == [i % 1000 + k for k in range(4)]
                 assert txt == f"row-{i}" and lab == i % 100
                 seen.append(i)
@@ -149,8 +160,13 @@ SDL_SETTINGS = dict(output="torch", batch_size=16, shuffle_buffer=7, seed=1, epo
 
 
 def _sdl(source, settings, nw, ctx=None, **kw):
-    return StatefulDataLoader(make_ds(source, settings), batch_size=None, num_workers=nw,
-                              multiprocessing_context=ctx, **kw)
+    return StatefulDataLoader(
+        make_ds(source, settings),
+        batch_size=None,
+        num_workers=nw,
+        multiprocessing_context=ctx,
+        **kw,
+    )
 
 
 def _first_diff(a, b):
@@ -210,8 +226,9 @@ def test_stateful_dataloader_num_workers0_matches_dataset(small):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_stateful_dataloader_resume_row_mode_special(special, num_workers):
-    settings = dict(output="python", batch_size=3, drop_last=True, shuffle_buffer=5, seed=4,
-                    epochs=2)
+    settings = dict(
+        output="python", batch_size=3, drop_last=True, shuffle_buffer=5, seed=4, epochs=2
+    )
     _sdl_resume_check(special.root, settings, num_workers, lambda n: [0, 2, n // 2, n - 2])
 
 

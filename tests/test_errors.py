@@ -141,13 +141,22 @@ def corruptions(good: bytes) -> dict[str, bytes]:
     return out
 
 
-CORRUPTIONS = ["text", "zero-bytes", "truncated-half", "truncated-last-byte", "footer-flipped-head",
-               "footer-flipped-mid", "footer-length-too-big", "data-pages-flipped"]
+CORRUPTIONS = [
+    "text",
+    "zero-bytes",
+    "truncated-half",
+    "truncated-last-byte",
+    "footer-flipped-head",
+    "footer-flipped-mid",
+    "footer-length-too-big",
+    "data-pages-flipped",
+]
 
 
 @pytest.mark.parametrize("kind", CORRUPTIONS)
-@pytest.mark.parametrize("mode", [dict(), dict(shuffle_buffer=7, batch_size=5)],
-                         ids=["seq", "shuf"])
+@pytest.mark.parametrize(
+    "mode", [dict(), dict(shuffle_buffer=7, batch_size=5)], ids=["seq", "shuf"]
+)
 def test_corrupt_file_is_shard_error(small, tmp_path, kind, mode):
     good = Path(small.paths[1]).read_bytes()
     name = f"x-{kind}.parquet"
@@ -207,8 +216,9 @@ def test_schema_list_inner_type_mismatch(tmp_path):
     _write(d / "a.parquet", t)
     t2 = datagen.make_table(20, 20)
     i = t2.schema.get_field_index("tokens")
-    t2 = t2.set_column(i, pa.field("tokens", pa.list_(pa.int64())),
-                       t2.column("tokens").cast(pa.list_(pa.int64())))
+    t2 = t2.set_column(
+        i, pa.field("tokens", pa.list_(pa.int64())), t2.column("tokens").cast(pa.list_(pa.int64()))
+    )
     _write(d / "b.parquet", t2)
     expect(SchemaError, build_and_iterate(str(d)), "a.parquet", "b.parquet", "tokens")
 
@@ -220,10 +230,19 @@ def test_unknown_column(small):
 # ---------------------------------------------------------------- arguments
 
 
-@pytest.mark.parametrize("kw", [
-    dict(batch_size=0), dict(batch_size=-3), dict(output="xml"), dict(output=""),
-    dict(shuffle_buffer=-1), dict(epochs=0), dict(epochs=-2),
-], ids=str)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch_size=0),
+        dict(batch_size=-3),
+        dict(output="xml"),
+        dict(output=""),
+        dict(shuffle_buffer=-1),
+        dict(epochs=0),
+        dict(epochs=-2),
+    ],
+    ids=str,
+)
 def test_bad_arguments(small, kw):
     expect(ValueError, build_and_iterate(small.root, **kw))
 
@@ -261,8 +280,9 @@ def test_not_a_state(small, bad):
 
 
 def _version_path(state):
-    cands = [p for p, _ in walk(state)
-             if p and isinstance(p[-1], str) and "version" in p[-1].lower()]
+    cands = [
+        p for p, _ in walk(state) if p and isinstance(p[-1], str) and "version" in p[-1].lower()
+    ]
     assert cands, f"state has no version field: keys {list(state)}"
     return min(cands, key=len)
 
@@ -351,9 +371,15 @@ def test_truncated_buffer(small):
     ds = make_ds(small.root, st)
     take(iter(ds), 40)
     state = torch_roundtrip(ds.state_dict())
-    blobs = [(p, v) for p, v in walk(state)
-             if p and isinstance(p[-1], str) and "buffer" in p[-1].lower()
-             and isinstance(v, (bytes, str)) and len(v) > 1]
+    blobs = [
+        (p, v)
+        for p, v in walk(state)
+        if p
+        and isinstance(p[-1], str)
+        and "buffer" in p[-1].lower()
+        and isinstance(v, (bytes, str))
+        and len(v) > 1
+    ]
     if not blobs:
         pytest.skip("state holds no buffer blob (bytes or base64 text)")
     for p, v in blobs:
@@ -361,9 +387,16 @@ def test_truncated_buffer(small):
             expect(StateError, _load(small.root, st, set_path(state, p, cut)))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("seed", 4), ("shuffle_buffer", 8), ("batch_size", 6), ("drop_last", True), ("epochs", 3),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("seed", 4),
+        ("shuffle_buffer", 8),
+        ("batch_size", 6),
+        ("drop_last", True),
+        ("epochs", 3),
+    ],
+)
 def test_other_settings(small, mid_state, field, value):
     other = dict(ST, **{field: value})
     e = expect(StateError, _load(small.root, other, mid_state))

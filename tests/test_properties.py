@@ -39,8 +39,9 @@ stream_settings = st.fixed_dictionaries(
 
 
 def _write(tmp, layout, page_index):
-    return datagen.write_shards(tmp, row_group_size=layout, page_index=page_index,
-                                tokens_len=(0, 3))
+    return datagen.write_shards(
+        tmp, row_group_size=layout, page_index=page_index, tokens_len=(0, 3)
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -85,8 +86,16 @@ def test_ranks_cover_every_row_once_per_epoch(layout, world, buf, bs, seed):
         union0, union1 = Counter(), Counter()
         sizes = []
         for r in range(world):
-            s = dict(output="python", rank=r, world_size=world, shuffle_buffer=buf, seed=seed,
-                     batch_size=bs, epochs=2, even=None)
+            s = dict(
+                output="python",
+                rank=r,
+                world_size=world,
+                shuffle_buffer=buf,
+                seed=seed,
+                batch_size=bs,
+                epochs=2,
+                even=None,
+            )
             keys = full_stream(tmp, s)
             flat = [i for k in keys for i in (k if isinstance(k, tuple) else (k,))]
             assert len(flat) % 2 == 0

@@ -30,13 +30,17 @@ MATRIX = [
     ("b1-arrow-bigbuf", dict(output="arrow", batch_size=1, shuffle_buffer=BIG_BUF, seed=9)),
     ("b5-python-buf7", dict(output="python", batch_size=5, shuffle_buffer=7, seed=3)),
     ("b5-torch-noshuf-droplast-e3", dict(batch_size=5, drop_last=True, epochs=3)),
-    ("b64-torch-buf100-droplast-e3",
-     dict(output="torch", batch_size=64, drop_last=True, shuffle_buffer=100, seed=7, epochs=3)),
+    (
+        "b64-torch-buf100-droplast-e3",
+        dict(output="torch", batch_size=64, drop_last=True, shuffle_buffer=100, seed=7, epochs=3),
+    ),
     ("b64-numpy-buf7-e3", dict(output="numpy", batch_size=64, shuffle_buffer=7, seed=8, epochs=3)),
     ("b64-arrow-noshuf-droplast-e3", dict(output="arrow", batch_size=64, drop_last=True, epochs=3)),
     ("b1-python-buf1-e3", dict(output="python", batch_size=1, shuffle_buffer=1, seed=4, epochs=3)),
-    ("b5-numpy-bigbuf-droplast", dict(output="numpy", batch_size=5, drop_last=True,
-                                      shuffle_buffer=BIG_BUF, seed=6)),
+    (
+        "b5-numpy-bigbuf-droplast",
+        dict(output="numpy", batch_size=5, drop_last=True, shuffle_buffer=BIG_BUF, seed=6),
+    ),
     ("b64-python-buf1", dict(output="python", batch_size=64, shuffle_buffer=1, seed=10)),
 ]
 
@@ -47,8 +51,13 @@ def test_resume_matrix_pageindex(small, settings):
 
 
 # page index off: a subset of the matrix is enough (the reader path differs, the logic not)
-NOPI = ["row-python-noshuf-e3", "row-arrow-buf7", "b5-python-buf7", "b64-torch-buf100-droplast-e3",
-        "row-torch-bigbuf-e3"]
+NOPI = [
+    "row-python-noshuf-e3",
+    "row-arrow-buf7",
+    "b5-python-buf7",
+    "b64-torch-buf100-droplast-e3",
+    "row-torch-bigbuf-e3",
+]
 
 
 @pytest.mark.parametrize("settings", [s for i, s in MATRIX if i in NOPI], ids=NOPI)
@@ -95,14 +104,19 @@ def test_resume_big_shards(big, settings):
 
 @pytest.mark.parametrize("columns", [["id"], ["text", "id"], ["id", "tokens", "label"]])
 def test_resume_with_column_projection(small, columns):
-    check_resume(small.root, dict(output="python", columns=columns, shuffle_buffer=7, seed=3,
-                                  batch_size=5), n_random=2, max_boundary_points=6)
+    check_resume(
+        small.root,
+        dict(output="python", columns=columns, shuffle_buffer=7, seed=3, batch_size=5),
+        n_random=2,
+        max_boundary_points=6,
+    )
 
 
 @pytest.mark.parametrize("rank", [0, 1, 2])
 def test_resume_one_rank_of_three(small, rank):
-    settings = dict(output="python", rank=rank, world_size=3, shuffle_buffer=7, seed=1,
-                    batch_size=5, epochs=2)
+    settings = dict(
+        output="python", rank=rank, world_size=3, shuffle_buffer=7, seed=1, batch_size=5, epochs=2
+    )
     # coverage of a single rank is checked in test_stream; here only resume exactness
     check_resume(small.root, settings, check_coverage=False, max_boundary_points=6)
 

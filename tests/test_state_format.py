@@ -22,13 +22,17 @@ def size(state) -> int:
     return len(pickle.dumps(state, protocol=4))
 
 
-@pytest.mark.parametrize("settings,k", [
-    (dict(), 0),
-    (dict(output="python"), 100),
-    (dict(output="python", shuffle_buffer=7, seed=1, batch_size=5, epochs=2), 60),
-    (dict(output="arrow", shuffle_buffer=10**6, seed=1), 300),
-    (dict(output="numpy", batch_size=64, drop_last=True, epochs=3), 9),
-], ids=str)
+@pytest.mark.parametrize(
+    "settings,k",
+    [
+        (dict(), 0),
+        (dict(output="python"), 100),
+        (dict(output="python", shuffle_buffer=7, seed=1, batch_size=5, epochs=2), 60),
+        (dict(output="arrow", shuffle_buffer=10**6, seed=1), 300),
+        (dict(output="numpy", batch_size=64, drop_last=True, epochs=3), 9),
+    ],
+    ids=str,
+)
 def test_state_is_plain_builtins(small, settings, k):
     state = state_at(small.root, settings, k)
     assert isinstance(state, dict)
@@ -59,9 +63,13 @@ def test_state_loads_from_file_weights_only(small, tmp_path):
 def narrow_wide(shard_factory):
     # identical row layout, very different row width; no compression and >= 64 KiB files so
     # that the pickled integer sizes of the files take the same number of bytes
-    common = dict(num_shards=2, rows_per_shard=3000, row_group_size=[[700, 900, 1400],
-                                                                   [1000, 1000, 1000]],
-                  compression=None, seed=1)
+    common = dict(
+        num_shards=2,
+        rows_per_shard=3000,
+        row_group_size=[[700, 900, 1400], [1000, 1000, 1000]],
+        compression=None,
+        seed=1,
+    )
     narrow = shard_factory(**common, tokens_len=(0, 2))
     wide = shard_factory(**common, tokens_len=(100, 200))
     import os
@@ -71,11 +79,15 @@ def narrow_wide(shard_factory):
     return narrow, wide
 
 
-@pytest.mark.parametrize("settings,k", [
-    (dict(output="python"), 1234),
-    (dict(output="python", shuffle_buffer=256, seed=2), 1234),
-    (dict(output="arrow", batch_size=32, shuffle_buffer=64, seed=2), 50),
-], ids=["noshuf", "buf256", "buf64-batch"])
+@pytest.mark.parametrize(
+    "settings,k",
+    [
+        (dict(output="python"), 1234),
+        (dict(output="python", shuffle_buffer=256, seed=2), 1234),
+        (dict(output="arrow", batch_size=32, shuffle_buffer=64, seed=2), 50),
+    ],
+    ids=["noshuf", "buf256", "buf64-batch"],
+)
 def test_state_size_independent_of_row_width(narrow_wide, settings, k):
     narrow, wide = narrow_wide
     a = size(state_at(narrow.root, settings, k))

@@ -214,8 +214,12 @@ def test_directory_is_recursive_and_only_parquet(small, tmp_path):
     (root / "b" / "_SUCCESS").write_text("")
     ds = ParquetStream(str(root), output="python", columns=["id"])
     want_paths = sorted(
-        str(x) for x in [root / "a" / "deep" / "x.parquet", root / "a" / "y.parquet",
-                         root / "b" / "z.parquet"]
+        str(x)
+        for x in [
+            root / "a" / "deep" / "x.parquet",
+            root / "a" / "y.parquet",
+            root / "b" / "z.parquet",
+        ]
     )
     assert ds.shards == want_paths
     assert all(os.path.isabs(s) for s in ds.shards)
@@ -249,13 +253,15 @@ def test_num_rows_shards_schema(small, special, tiny):
 # ------------------------------------------------------------ values/types
 
 
-@pytest.mark.parametrize("columns",
-                         [None, ["id"], ["text", "id"], ["cat", "label", "tokens", "id"]])
+@pytest.mark.parametrize(
+    "columns", [None, ["id"], ["text", "id"], ["cat", "label", "tokens", "id"]]
+)
 @pytest.mark.parametrize("output", ["python", "numpy", "torch", "arrow"])
 @pytest.mark.parametrize("batch_size", [None, 5])
 def test_values_and_column_order(small, columns, output, batch_size):
-    ds = ParquetStream(small.root, columns=columns, output=output, batch_size=batch_size,
-                       shuffle_buffer=7, seed=1)
+    ds = ParquetStream(
+        small.root, columns=columns, output=output, batch_size=batch_size, shuffle_buffer=7, seed=1
+    )
     names = columns or ALL_COLS
     seen = []
     for item in ds:
@@ -368,8 +374,12 @@ def test_no_nulls_numeric_batch_is_array(shard_factory):
 def test_batch_sizes_and_epoch_boundaries(small, bs, drop_last):
     n = small.num_rows
     assert n == 510
-    full = full_stream(small.root, dict(output="python", batch_size=bs, drop_last=drop_last,
-                                        epochs=2, shuffle_buffer=7, seed=1))
+    full = full_stream(
+        small.root,
+        dict(
+            output="python", batch_size=bs, drop_last=drop_last, epochs=2, shuffle_buffer=7, seed=1
+        ),
+    )
     one = [bs] * (n // bs) + ([] if drop_last or n % bs == 0 else [n % bs])
     assert [len(b) for b in full] == one + one
     per = len(one)
@@ -391,8 +401,9 @@ def test_batches_unshuffled_are_consecutive(small):
 
 def test_endless_epochs(small):
     n = small.num_rows
-    ds = ParquetStream(small.root, output="python", epochs=None, shuffle_buffer=7, seed=2,
-                       columns=["id"])
+    ds = ParquetStream(
+        small.root, output="python", epochs=None, shuffle_buffer=7, seed=2, columns=["id"]
+    )
     got = [r["id"] for r in itertools.islice(ds, 4 * n + 13)]
     eps = _epochs(got, n)
     assert len(eps) == 4
@@ -436,8 +447,10 @@ def test_set_epoch_resets_position(small):
 
 
 def test_reiterating_finished_pass_starts_again(small):
-    for st in (dict(output="python", epochs=2), dict(output="python", shuffle_buffer=7, seed=1,
-                                                       batch_size=5, epochs=2)):
+    for st in (
+        dict(output="python", epochs=2),
+        dict(output="python", shuffle_buffer=7, seed=1, batch_size=5, epochs=2),
+    ):
         ds = make_ds(small.root, st)
         a = keys_of(ds, "batch_size" in st)
         b = keys_of(ds, "batch_size" in st)
@@ -463,8 +476,18 @@ def test_ranks_partition_every_epoch(small, world, buf):
     n = small.num_rows
     parts = []
     for r in range(world):
-        s = full_stream(small.root, dict(output="python", rank=r, world_size=world,
-                                         shuffle_buffer=buf, seed=9, epochs=2, even=None))
+        s = full_stream(
+            small.root,
+            dict(
+                output="python",
+                rank=r,
+                world_size=world,
+                shuffle_buffer=buf,
+                seed=9,
+                epochs=2,
+                even=None,
+            ),
+        )
         assert len(s) % 2 == 0
         parts.append(s)
     sizes = [len(p) // 2 for p in parts]
@@ -489,9 +512,23 @@ def test_even_policies_equalize_ranks(small, world, even):
     n = small.num_rows
     per_rank = []
     for r in range(world):
-        ids = flat_ids(keys_of(make_ds(small.root, dict(output="python", rank=r, world_size=world,
-                                                         shuffle_buffer=11, seed=4, batch_size=4,
-                                                         even=even)), True))
+        ids = flat_ids(
+            keys_of(
+                make_ds(
+                    small.root,
+                    dict(
+                        output="python",
+                        rank=r,
+                        world_size=world,
+                        shuffle_buffer=11,
+                        seed=4,
+                        batch_size=4,
+                        even=even,
+                    ),
+                ),
+                True,
+            )
+        )
         per_rank.append(ids)
     want = n // world if even == "drop" else -(-n // world)
     assert [len(p) for p in per_rank] == [want] * world

@@ -1,13 +1,15 @@
 """Type stubs for the Rust extension (rust/python/src/lib.rs)."""
 
-from typing import Any
+from typing import Any, final
 
 import pyarrow as pa
 
+__all__ = ["RawCatalog", "RawStream", "__version__"]
 __version__: str
 
+@final
 class RawCatalog:
-    def __init__(self, sources: list[str], columns: list[str] | None = None) -> None: ...
+    def __new__(cls, sources: list[str], columns: list[str] | None = None) -> RawCatalog: ...
     @property
     def num_rows(self) -> int: ...
     @property
@@ -19,9 +21,10 @@ class RawCatalog:
     def fingerprint(self) -> dict[str, Any]: ...
     def shards_info(self) -> list[dict[str, Any]]: ...
 
+@final
 class RawStream:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         catalog: RawCatalog,
         *,
         seed: int,
@@ -36,7 +39,7 @@ class RawStream:
         piece_rows: int = 65536,
         even: str = "off",
         keep_batch_start: bool = False,
-    ) -> None: ...
+    ) -> RawStream: ...
     def next_batch(self, max_rows: int) -> pa.RecordBatch | None: ...
     def state(self, within: int | None = None) -> dict[str, Any]: ...
     def restore(self, state: dict[str, Any]) -> None: ...

@@ -70,7 +70,7 @@ class Converter:
             parts = np.split(flat, offsets[1:-1])
         if arr.null_count:
             valid = arr.is_valid().to_pylist()
-            parts = [p if ok else None for p, ok in zip(parts, valid)]
+            parts = [p if ok else None for p, ok in zip(parts, valid, strict=True)]
         return parts
 
     def _column(self, arr: pa.Array, kind: int) -> Any:
@@ -85,8 +85,11 @@ class Converter:
         if self.output == "arrow":
             return rb
         if self.output == "python":
-            return {n: c.to_pylist() for n, c in zip(self.names, rb.columns)}
-        return {n: self._column(c, k) for n, c, k in zip(self.names, rb.columns, self.kinds)}
+            return {n: c.to_pylist() for n, c in zip(self.names, rb.columns, strict=True)}
+        return {
+            n: self._column(c, k)
+            for n, c, k in zip(self.names, rb.columns, self.kinds, strict=True)
+        }
 
     def rows(self, rb: pa.RecordBatch) -> list[Any]:
         if self.output == "arrow":
@@ -96,10 +99,10 @@ class Converter:
         else:
             cols = [
                 self._num_rows(c) if k == _NUM else self._column(c, k)
-                for c, k in zip(rb.columns, self.kinds)
+                for c, k in zip(rb.columns, self.kinds, strict=True)
             ]
         names = self.names
-        return [dict(zip(names, vals)) for vals in zip(*cols)]
+        return [dict(zip(names, vals, strict=True)) for vals in zip(*cols, strict=True)]
 
     def _num_rows(self, arr: pa.Array) -> list[Any]:
         """One numpy scalar / 0-d tensor per row; ``None`` where the value is null."""
@@ -108,4 +111,4 @@ class Converter:
             return list(v.unbind(0)) if self._torch is not None else list(v)
         filled = arr.fill_null(False if pa.types.is_boolean(arr.type) else 0)
         vals = self._num_rows(filled)
-        return [x if ok else None for x, ok in zip(vals, arr.is_valid().to_pylist())]
+        return [x if ok else None for x, ok in zip(vals, arr.is_valid().to_pylist(), strict=True)]

@@ -55,7 +55,11 @@ def _sources(source: Any) -> list[str]:
 
 
 def _dist_rank_world() -> tuple[int, int]:
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+    if (
+        torch is not None
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    ):
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -63,7 +67,9 @@ def _dist_rank_world() -> tuple[int, int]:
 def _one_even(pending: list[tuple[_state.Slot, dict[str, Any]]]) -> str:
     evens = {slot[2] for slot, _ in pending}
     if len(evens) > 1:
-        raise StateError(f"the states mix even policies {sorted(evens)}: pass one checkpoint's states")
+        raise StateError(
+            f"the states mix even policies {sorted(evens)}: pass one checkpoint's states"
+        )
     return evens.pop()
 
 
@@ -132,11 +138,19 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         readahead_threads: int | None = None,
         readahead_depth: int = 2,
     ) -> None:
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
+        ):
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-        if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+        if (
+            isinstance(shuffle_buffer, bool)
+            or not isinstance(shuffle_buffer, int)
+            or shuffle_buffer < 0
+        ):
             raise ValueError(f"shuffle_buffer must be an int >= 0, got {shuffle_buffer!r}")
-        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0):
+        if epochs is not None and (
+            isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0
+        ):
             raise ValueError(f"epochs must be a positive int or None, got {epochs!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
@@ -153,7 +167,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together (or neither)")
         if world_size is not None and rank is not None and not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={rank} world_size={world_size}")
+            raise ValueError(
+                f"rank must be in [0, world_size), got rank={rank} world_size={world_size}"
+            )
         self._sources = _sources(source)
         self._columns = None if columns is None else [str(c) for c in columns]
         self._batch_size = batch_size
@@ -242,7 +258,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             cores = os.cpu_count() or 1
         return max(1, min(4, cores // _worker()[1]))
 
-    def _new_stream(self, slot: _state.Slot, *, first_epoch: int | None = None, probe: bool = False) -> RawStream:
+    def _new_stream(
+        self, slot: _state.Slot, *, first_epoch: int | None = None, probe: bool = False
+    ) -> RawStream:
         return RawStream(
             self.catalog,
             seed=self._seed,
@@ -304,7 +322,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         if not found:
             raise StateError(
                 f"no shardstream state found in the {type(state_dict).__name__} given "
-                "(expected what ParquetStream.state_dict() returns, or a list/loader state holding it)"
+                "(expected what ParquetStream.state_dict() returns, or a list or loader state "
+                "holding it)"
             )
         parsed = [_state.check(s, self._fingerprint, self._settings()) for s in found]
         first_epochs = sorted({p[0] for p in parsed})
@@ -393,7 +412,12 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         d = self.__dict__.copy()
         # Rust objects stay behind; the position travels as a plain state.
         position = self._position()
-        if self._pending is None and self._slot is not None and position is not None and not self._finished:
+        if (
+            self._pending is None
+            and self._slot is not None
+            and position is not None
+            and not self._finished
+        ):
             d["_pending"] = [(self._slot, position)]
         d["_catalog"] = None
         d["_stream"] = None

@@ -22,9 +22,10 @@ A state is a ``dict`` that ``torch.save``/``torch.load(weights_only=True)``, ``p
 empty except after an elastic resume, where it lists what this slot reads of the epochs that
 the old layout had not finished (rust/core/src/elastic.rs).
 
-``position`` is the Rust core's ``SlotState`` (see rust/core/src/state.rs): row coordinates only,
-8 bytes per buffered row (little-endian u64 row ids, base64), nothing that depends on row width. The core validates it on load;
-this module checks the envelope and says exactly what differs when a state does not belong here.
+``position`` is the Rust core's ``SlotState`` (see rust/core/src/state.rs): row coordinates
+only, 8 bytes per buffered row (little-endian u64 row ids, base64), nothing that depends on
+row width. The core validates it on load; this module checks the envelope and says exactly
+what differs when a state does not belong here.
 """
 
 from __future__ import annotations
@@ -43,7 +44,15 @@ KEY_SETTINGS = "settings"
 KEY_FIRST_EPOCH = "first_epoch"
 KEY_SLOT = "slot"
 KEY_POSITION = "position"
-KEYS = (KEY_FORMAT, KEY_VERSION, KEY_FINGERPRINT, KEY_SETTINGS, KEY_FIRST_EPOCH, KEY_SLOT, KEY_POSITION)
+KEYS = (
+    KEY_FORMAT,
+    KEY_VERSION,
+    KEY_FINGERPRINT,
+    KEY_SETTINGS,
+    KEY_FIRST_EPOCH,
+    KEY_SLOT,
+    KEY_POSITION,
+)
 
 FINGERPRINT_KEYS = ("shards", "rows", "paths", "content")
 SETTINGS_KEYS = ("seed", "shuffle_buffer", "batch_size", "drop_last", "epochs", "even")
@@ -103,7 +112,11 @@ def gather(obj: Any) -> list[dict[str, Any]]:
     StatefulDataLoader ``state_dict()`` (worker states are nested in it), or lists of those."""
     if isinstance(obj, dict):
         # Any of our top-level keys marks a (maybe broken) state: check() then says what is wrong.
-        if KEY_FORMAT in obj or (KEY_POSITION in obj and KEY_FINGERPRINT in obj) or KEY_SETTINGS in obj:
+        if (
+            KEY_FORMAT in obj
+            or (KEY_POSITION in obj and KEY_FINGERPRINT in obj)
+            or KEY_SETTINGS in obj
+        ):
             return [obj]
         return [s for v in obj.values() for s in gather(v)]
     if isinstance(obj, (list, tuple)):
@@ -147,8 +160,11 @@ def check(
         )
 
     st = _exact_keys(state[KEY_SETTINGS], SETTINGS_KEYS, "state['settings']")
-    diffs = [f"{k}: state has {st[k]!r}, dataset has {settings[k]!r}" for k in SETTINGS_KEYS
-             if st[k] != settings[k] or type(st[k]) is not type(settings[k])]
+    diffs = [
+        f"{k}: state has {st[k]!r}, dataset has {settings[k]!r}"
+        for k in SETTINGS_KEYS
+        if st[k] != settings[k] or type(st[k]) is not type(settings[k])
+    ]
     if diffs:
         raise StateError("state was saved with different settings: " + "; ".join(diffs))
 
@@ -170,4 +186,3 @@ def check(
     if not isinstance(position, dict):
         raise StateError(f"state['position'] must be a dict, got {type(position).__name__}")
     return first_epoch, (index, count, even), position
-
