@@ -15,12 +15,16 @@ A state is a ``dict`` that ``torch.save``/``torch.load(weights_only=True)``, ``p
       "position": None | {"epoch": int, "cursor": int, "emitted": int,
                           "rng_word_pos": int, "buffer": str,
                           "specs": [{"epoch": int, "ranges": [[int, int], ...],
-                                     "injected": str}, ...]},
+                                     "injected": str}, ...],
+                          "seek": None | {"shard": str, "row_group": int, "row": int,
+                                          "byte_offset": int}},
     }
 
 ``slot`` is ``rank * num_workers + worker_id`` of ``world_size * num_workers``. ``specs`` is
 empty except after an elastic resume, where it lists what this slot reads of the epochs that
-the old layout had not finished (rust/core/src/elastic.rs).
+the old layout had not finished (rust/core/src/elastic.rs). ``seek`` records where a resume
+reads first (shard relative to the dataset root, row group, row in it, the row group's byte
+offset); it is derived from the position and checked against it on load.
 
 ``position`` is the Rust core's ``SlotState`` (see rust/core/src/state.rs): row coordinates
 only, 8 bytes per buffered row (little-endian u64 row ids, base64), nothing that depends on

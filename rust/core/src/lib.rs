@@ -28,4 +28,4 @@ pub use catalog::{Catalog, Fingerprint, Shard};
 pub use error::{Error, Result};
 pub use plan::{Even, Slot, SlotSpec};
 pub use state::SlotState;
-pub use stream::{Stream, StreamOptions};
+pub use stream::{Seek, Stream, StreamOptions};

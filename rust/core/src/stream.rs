@@ -64,6 +64,19 @@ impl Default for StreamOptions {
     }
 }
 
+/// Where the next read of a state starts: the seek a resume performs (informational in a saved
+/// state, and checked against the position on load).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seek {
+    /// Shard path relative to the catalog root.
+    pub shard: String,
+    pub row_group: u64,
+    /// Row within the row group.
+    pub row: u64,
+    /// Byte offset of the row group's first page in the file.
+    pub byte_offset: u64,
+}
+
 /// Where a buffered row's data is: a slab entry and a row in it.
 #[derive(Debug, Clone, Copy, Default)]
 struct Loc {
@@ -474,6 +487,39 @@ impl Stream {
             buffer: Vec::new(),
             specs: self.specs.clone(),
         }
+    }
+
+    /// The seek a resume from `st` starts with; `None` when its slot has no input left this epoch.
+    pub fn seek_of(&self, st: &SlotState) -> Option<Seek> {
+        let plan = self.plan_for(st.epoch);
+        let spec = self.spec_of(&st.specs, st.epoch);
+        let next = spec.ranges_after(st.cursor).first()?.start;
+        if next >= plan.total() {
+            return None;
+        }
+        let (s, g, row) = self.catalog.locate(plan.row_at(next))?;
+        let shard = self.catalog.shard(s);
+        Some(Seek {
+            shard: shard.rel_path.clone(),
+            row_group: g as u64,
+            row,
+            byte_offset: shard.row_groups[g].byte_offset,
+        })
+    }
+
+    /// [`Stream::restore`], also checking a saved `seek` against the position it describes.
+    pub fn restore_checked(&mut self, st: &SlotState, seek: Option<&Seek>) -> Result<()> {
+        if let Some(saved) = seek {
+            // Validate first: seek_of assumes a state that fits this stream.
+            self.check(st)?;
+            let here = self.seek_of(st);
+            if here.as_ref() != Some(saved) {
+                return Err(Error::State(format!(
+                    "state's seek {saved:?} does not match its position, which resumes at {here:?}"
+                )));
+            }
+        }
+        self.restore(st)
     }
 
     /// The position after the first `k` rows of the last returned batch.

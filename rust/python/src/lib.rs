@@ -11,7 +11,9 @@ use pyo3::types::{PyDict, PyList};
 use pyo3_arrow::{PyRecordBatch, PySchema};
 use shardstream_core::elastic::{check_states, merged_state};
 use shardstream_core::state::{ids_from_base64, ids_to_base64};
-use shardstream_core::{Catalog, Error, Even, Slot, SlotSpec, SlotState, Stream, StreamOptions};
+use shardstream_core::{
+    Catalog, Error, Even, Seek, Slot, SlotSpec, SlotState, Stream, StreamOptions,
+};
 
 use crate::error::{detach, to_py};
 
@@ -181,16 +183,19 @@ impl RawStream {
     /// the last returned batch.
     #[pyo3(signature = (within=None))]
     fn state<'py>(&self, py: Python<'py>, within: Option<usize>) -> PyResult<Bound<'py, PyDict>> {
-        let (st, buffer) = self.with(py, |s| {
+        let (st, buffer, seek) = self.with(py, |s| {
             let (st, text) = s.snapshot(within)?;
-            Ok((st, text.to_owned()))
+            let (st, text) = (st, text.to_owned());
+            let seek = s.seek_of(&st);
+            Ok((st, text, seek))
         })?;
-        state_to_py(py, &st, &buffer)
+        state_to_py(py, &st, &buffer, seek.as_ref())
     }
 
     fn restore(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
         let st = state_from_py(py, state)?;
-        self.with(py, move |s| s.restore(&st))
+        let seek = seek_from_py(py, state)?;
+        self.with(py, move |s| s.restore_checked(&st, seek.as_ref()))
     }
 
     /// Continue from the states of every slot of another (or the same) layout:
@@ -257,18 +262,25 @@ fn parse_even(even: &str) -> Result<Even, Error> {
     }
 }
 
-const SLOT_KEYS: [&str; 6] = [
+const SLOT_KEYS: [&str; 7] = [
     "epoch",
     "cursor",
     "emitted",
     "rng_word_pos",
     "buffer",
     "specs",
+    "seek",
 ];
+const SEEK_KEYS: [&str; 4] = ["shard", "row_group", "row", "byte_offset"];
 const SPEC_KEYS: [&str; 3] = ["epoch", "ranges", "injected"];
 
 /// `buffer` is the base64 text of `st`'s buffer (whose own `buffer` field is not read).
-fn state_to_py<'py>(py: Python<'py>, st: &SlotState, buffer: &str) -> PyResult<Bound<'py, PyDict>> {
+fn state_to_py<'py>(
+    py: Python<'py>,
+    st: &SlotState,
+    buffer: &str,
+    seek: Option<&Seek>,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("epoch", st.epoch)?;
     d.set_item("cursor", st.cursor)?;
@@ -291,7 +303,53 @@ fn state_to_py<'py>(py: Python<'py>, st: &SlotState, buffer: &str) -> PyResult<B
         specs.append(sd)?;
     }
     d.set_item("specs", specs)?;
+    match seek {
+        Some(k) => {
+            let sd = PyDict::new(py);
+            sd.set_item("shard", &k.shard)?;
+            sd.set_item("row_group", k.row_group)?;
+            sd.set_item("row", k.row)?;
+            sd.set_item("byte_offset", k.byte_offset)?;
+            d.set_item("seek", sd)?;
+        }
+        None => d.set_item("seek", py.None())?,
+    }
     Ok(d)
+}
+
+/// The optional, informational `seek` of a saved position (checked against it on restore).
+fn seek_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<Option<Seek>> {
+    let bad = |msg: String| to_py(py, Error::State(msg));
+    let Some(v) = d.get_item("seek")? else {
+        return Ok(None);
+    };
+    if v.is_none() {
+        return Ok(None);
+    }
+    let sd = v
+        .cast::<PyDict>()
+        .map_err(|_| bad("slot state field \"seek\" must be a dict or None".into()))?;
+    check_keys(py, sd, &SEEK_KEYS, "a slot seek")?;
+    let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+        sd.get_item(k)?
+            .ok_or_else(|| bad(format!("a slot seek is missing key {k:?}")))
+    };
+    let int = |k: &str| -> PyResult<u64> {
+        let v = get(k)?;
+        if v.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(bad(format!("slot seek field {k:?} must be an int")));
+        }
+        v.extract()
+            .map_err(|_| bad(format!("slot seek field {k:?} must be a non-negative int")))
+    };
+    Ok(Some(Seek {
+        shard: get("shard")?
+            .extract()
+            .map_err(|_| bad("slot seek field \"shard\" must be a str".into()))?,
+        row_group: int("row_group")?,
+        row: int("row")?,
+        byte_offset: int("byte_offset")?,
+    }))
 }
 
 fn check_keys(py: Python<'_>, d: &Bound<'_, PyDict>, keys: &[&str], what: &str) -> PyResult<()> {
