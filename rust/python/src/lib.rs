@@ -317,160 +317,136 @@ fn state_to_py<'py>(
     Ok(d)
 }
 
+/// Strict reading of one dict of a saved state: only known keys, every key present, ints that
+/// are ints (not bools) and in range; every complaint names the field.
+struct Fields<'a, 'py> {
+    py: Python<'py>,
+    d: &'a Bound<'py, PyDict>,
+    what: &'static str,
+}
+
+impl<'a, 'py> Fields<'a, 'py> {
+    fn new(
+        py: Python<'py>,
+        d: &'a Bound<'py, PyDict>,
+        keys: &[&str],
+        what: &'static str,
+    ) -> PyResult<Self> {
+        let f = Fields { py, d, what };
+        for k in d.keys() {
+            let k: String = k
+                .extract()
+                .map_err(|_| f.bad(format!("{what} has a non-string key")))?;
+            if !keys.contains(&k.as_str()) {
+                return Err(f.bad(format!("{what} has unknown key {k:?}")));
+            }
+        }
+        Ok(f)
+    }
+
+    fn bad(&self, msg: String) -> PyErr {
+        to_py(self.py, Error::State(msg))
+    }
+
+    fn get(&self, k: &str) -> PyResult<Bound<'py, PyAny>> {
+        self.d
+            .get_item(k)?
+            .ok_or_else(|| self.bad(format!("{} is missing key {k:?}", self.what)))
+    }
+
+    fn uint<T: for<'b> pyo3::FromPyObject<'b, 'py>>(&self, k: &str) -> PyResult<T> {
+        let v = self.get(k)?;
+        let bad = || {
+            self.bad(format!(
+                "{} field {k:?} must be a non-negative int, got {v:?}",
+                self.what
+            ))
+        };
+        if v.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(bad());
+        }
+        v.extract().map_err(|_| bad())
+    }
+
+    fn string(&self, k: &str) -> PyResult<String> {
+        let v = self.get(k)?;
+        v.extract().map_err(|_| {
+            self.bad(format!(
+                "{} field {k:?} must be a str, got {}",
+                self.what,
+                v.get_type()
+            ))
+        })
+    }
+}
+
 /// The optional, informational `seek` of a saved position (checked against it on restore).
 fn seek_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<Option<Seek>> {
-    let bad = |msg: String| to_py(py, Error::State(msg));
-    let Some(v) = d.get_item("seek")? else {
+    let Some(v) = d.get_item("seek")?.filter(|v| !v.is_none()) else {
         return Ok(None);
     };
-    if v.is_none() {
-        return Ok(None);
-    }
-    let sd = v
-        .cast::<PyDict>()
-        .map_err(|_| bad("slot state field \"seek\" must be a dict or None".into()))?;
-    check_keys(py, sd, &SEEK_KEYS, "a slot seek")?;
-    let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
-        sd.get_item(k)?
-            .ok_or_else(|| bad(format!("a slot seek is missing key {k:?}")))
-    };
-    let int = |k: &str| -> PyResult<u64> {
-        let v = get(k)?;
-        if v.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(bad(format!("slot seek field {k:?} must be an int")));
-        }
-        v.extract()
-            .map_err(|_| bad(format!("slot seek field {k:?} must be a non-negative int")))
-    };
+    let sd = v.cast::<PyDict>().map_err(|_| {
+        to_py(
+            py,
+            Error::State("slot state field \"seek\" must be a dict or None".into()),
+        )
+    })?;
+    let f = Fields::new(py, sd, &SEEK_KEYS, "a slot seek")?;
     Ok(Some(Seek {
-        shard: get("shard")?
-            .extract()
-            .map_err(|_| bad("slot seek field \"shard\" must be a str".into()))?,
-        row_group: int("row_group")?,
-        row: int("row")?,
-        byte_offset: int("byte_offset")?,
+        shard: f.string("shard")?,
+        row_group: f.uint("row_group")?,
+        row: f.uint("row")?,
+        byte_offset: f.uint("byte_offset")?,
     }))
 }
 
-fn check_keys(py: Python<'_>, d: &Bound<'_, PyDict>, keys: &[&str], what: &str) -> PyResult<()> {
-    for k in d.keys() {
-        let k: String = k
-            .extract()
-            .map_err(|_| to_py(py, Error::State(format!("{what} has a non-string key"))))?;
-        if !keys.contains(&k.as_str()) {
-            return Err(to_py(
-                py,
-                Error::State(format!("{what} has unknown key {k:?}")),
-            ));
-        }
-    }
-    Ok(())
-}
-
 fn spec_from_py(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<(u64, SlotSpec)> {
-    let bad = |msg: String| to_py(py, Error::State(msg));
-    let d = item
-        .cast::<PyDict>()
-        .map_err(|_| bad("each entry of slot state field \"specs\" must be a dict".into()))?;
-    check_keys(py, d, &SPEC_KEYS, "a slot spec")?;
-    let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
-        d.get_item(k)?
-            .ok_or_else(|| bad(format!("a slot spec is missing key {k:?}")))
-    };
-    let epoch = get("epoch")?;
-    if epoch.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(bad("slot spec field \"epoch\" must be an int".into()));
-    }
-    let epoch: u64 = epoch
-        .extract()
-        .map_err(|_| bad("slot spec field \"epoch\" must be a non-negative int".into()))?;
-    let ranges: Vec<(u64, u64)> = get("ranges")?
+    let d = item.cast::<PyDict>().map_err(|_| {
+        to_py(
+            py,
+            Error::State("each entry of slot state field \"specs\" must be a dict".into()),
+        )
+    })?;
+    let f = Fields::new(py, d, &SPEC_KEYS, "a slot spec")?;
+    let ranges = f
+        .get("ranges")?
         .extract::<Vec<Vec<u64>>>()
-        .map_err(|_| bad("slot spec field \"ranges\" must be a list of [start, end] ints".into()))?
+        .map_err(|_| {
+            f.bad("slot spec field \"ranges\" must be a list of [start, end] ints".into())
+        })?
         .into_iter()
         .map(|r| match r.as_slice() {
-            [a, b] if a <= b => Ok((*a, *b)),
-            _ => Err(bad(format!(
+            [a, b] if a <= b => Ok(*a..*b),
+            _ => Err(f.bad(format!(
                 "slot spec range {r:?} is not [start, end] with start <= end"
             ))),
         })
         .collect::<PyResult<_>>()?;
-    let injected: String = get("injected")?
-        .extract()
-        .map_err(|_| bad("slot spec field \"injected\" must be a str".into()))?;
-    Ok((
-        epoch,
-        SlotSpec {
-            ranges: ranges.into_iter().map(|(a, b)| a..b).collect(),
-            injected: ids_from_base64(&injected, "injected").map_err(|e| to_py(py, e))?,
-        },
-    ))
+    let injected = ids_from_base64(&f.string("injected")?, "injected").map_err(|e| to_py(py, e))?;
+    Ok((f.uint("epoch")?, SlotSpec { ranges, injected }))
 }
 
 fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
-    let bad = |msg: String| to_py(py, Error::State(msg));
-    for k in d.keys() {
-        let k: String = k
-            .extract()
-            .map_err(|_| bad("slot state has a non-string key".into()))?;
-        if !SLOT_KEYS.contains(&k.as_str()) {
-            return Err(bad(format!("slot state has unknown key {k:?}")));
-        }
-    }
-    let field = |name: &str| -> PyResult<Bound<'_, PyAny>> {
-        d.get_item(name)?
-            .ok_or_else(|| bad(format!("slot state is missing key {name:?}")))
-    };
-    let int = |name: &str| -> PyResult<u64> {
-        let v = field(name)?;
-        if v.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(bad(format!(
-                "slot state field {name:?} must be an int, got bool"
-            )));
-        }
-        v.extract::<u64>().map_err(|_| {
-            bad(format!(
-                "slot state field {name:?} must be a non-negative int, got {v:?}"
-            ))
-        })
-    };
-    let rng = field("rng_word_pos")?;
-    let rng_word_pos: u128 = if rng.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(bad(
-            "slot state field \"rng_word_pos\" must be an int, got bool".into(),
-        ));
-    } else {
-        rng.extract().map_err(|_| {
-            bad(format!(
-                "slot state field \"rng_word_pos\" must be a non-negative int, got {rng:?}"
+    let f = Fields::new(py, d, &SLOT_KEYS, "slot state")?;
+    let specs = f.get("specs")?;
+    let specs = specs
+        .cast::<PyList>()
+        .map_err(|_| {
+            f.bad(format!(
+                "slot state field \"specs\" must be a list, got {}",
+                specs.get_type()
             ))
         })?
-    };
-    let buf = field("buffer")?;
-    let text: String = buf.extract().map_err(|_| {
-        bad(format!(
-            "slot state field \"buffer\" must be a str, got {}",
-            buf.get_type()
-        ))
-    })?;
+        .iter()
+        .map(|it| spec_from_py(py, &it))
+        .collect::<PyResult<_>>()?;
     Ok(SlotState {
-        epoch: int("epoch")?,
-        cursor: int("cursor")?,
-        emitted: int("emitted")?,
-        rng_word_pos,
-        buffer: SlotState::buffer_from_base64(&text).map_err(|e| to_py(py, e))?,
-        specs: {
-            let specs = field("specs")?;
-            let list = specs.cast::<PyList>().map_err(|_| {
-                bad(format!(
-                    "slot state field \"specs\" must be a list, got {}",
-                    specs.get_type()
-                ))
-            })?;
-            list.iter()
-                .map(|it| spec_from_py(py, &it))
-                .collect::<PyResult<_>>()?
-        },
+        epoch: f.uint("epoch")?,
+        cursor: f.uint("cursor")?,
+        emitted: f.uint("emitted")?,
+        rng_word_pos: f.uint("rng_word_pos")?,
+        buffer: SlotState::buffer_from_base64(&f.string("buffer")?).map_err(|e| to_py(py, e))?,
+        specs,
     })
 }
 
