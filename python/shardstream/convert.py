@@ -14,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 OUTPUTS = ("torch", "numpy", "python", "arrow")
+# How batch mode returns list<number> columns with numpy/torch output.
+LIST_FORMATS = ("split", "offsets", "padded", "nested")
 
 _NUM, _LIST_NUM, _OTHER = 0, 1, 2
 
@@ -31,12 +33,24 @@ def _kind(t: pa.DataType) -> int:
 
 
 class Converter:
-    """Converts batches of one schema to one output kind."""
+    """Converts batches of one schema to one output kind.
 
-    def __init__(self, output: str, schema: pa.Schema) -> None:
+    ``list_format`` (batch mode, numpy/torch, list<number> columns without nulls):
+    ``"split"`` one 1-D array/tensor per row (views); ``"offsets"`` a ``(values, offsets)``
+    pair (zero-copy values, ``len+1`` int64 offsets from 0); ``"padded"`` a ``(padded, lengths)``
+    pair, rows right-padded with 0 to the longest row; ``"nested"`` a jagged
+    ``torch.nested`` tensor (torch only).
+    """
+
+    def __init__(self, output: str, schema: pa.Schema, list_format: str = "split") -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        if list_format not in LIST_FORMATS:
+            raise ValueError(f"list_format must be one of {LIST_FORMATS}, got {list_format!r}")
+        if list_format == "nested" and output != "torch":
+            raise ValueError('list_format="nested" needs output="torch"')
         self.output = output
+        self.list_format = list_format
         self.names = list(schema.names)
         self.kinds = [_kind(f.type) for f in schema]
         self._torch: Any = None
@@ -54,7 +68,7 @@ class Converter:
             return self._torch.from_dlpack(arr)
         return arr.to_numpy(zero_copy_only=True)
 
-    def _list_num(self, arr: pa.Array) -> list[Any]:
+    def _list_num(self, arr: pa.Array, fmt: str = "split") -> Any:
         values = arr.flatten()
         if values.null_count:
             return arr.to_pylist()
@@ -64,6 +78,8 @@ class Converter:
         if flat is None:
             empty = np.empty(0, dtype=values.type.to_pandas_dtype())
             flat = self._torch.from_numpy(empty) if self._torch else empty
+        if fmt != "split" and not arr.null_count:
+            return self._list_joined(flat, offsets.astype(np.int64), fmt)
         if self._torch is not None:
             parts = list(self._torch.split(flat, np.diff(offsets).tolist()))
         else:
@@ -73,11 +89,30 @@ class Converter:
             parts = [p if ok else None for p, ok in zip(parts, valid, strict=True)]
         return parts
 
-    def _column(self, arr: pa.Array, kind: int) -> Any:
+    def _list_joined(self, flat: Any, offsets: np.ndarray, fmt: str) -> Any:
+        """``offsets`` / ``padded`` / ``nested`` forms of a list column (no null rows)."""
+        lengths = np.diff(offsets)
+        t = self._torch
+        if fmt == "offsets":
+            return (flat, t.from_numpy(offsets) if t else offsets)
+        if fmt == "nested":
+            return t.nested.nested_tensor_from_jagged(flat, t.from_numpy(offsets))
+        width = int(lengths.max()) if len(lengths) else 0
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        cols = np.arange(len(rows)) - np.repeat(offsets[:-1], lengths)
+        if t is not None:
+            padded = t.zeros((len(lengths), width), dtype=flat.dtype)
+            padded[t.from_numpy(rows), t.from_numpy(cols)] = flat
+            return (padded, t.from_numpy(lengths))
+        padded = np.zeros((len(lengths), width), dtype=flat.dtype)
+        padded[rows, cols] = flat
+        return (padded, lengths)
+
+    def _column(self, arr: pa.Array, kind: int, fmt: str = "split") -> Any:
         if kind == _NUM and not arr.null_count:
             return self._num(arr)
         if kind == _LIST_NUM:
-            return self._list_num(arr)
+            return self._list_num(arr, fmt)
         return arr.to_pylist()
 
     # -- whole batches ----------------------------------------------------------------------
@@ -86,8 +121,9 @@ class Converter:
             return rb
         if self.output == "python":
             return {n: c.to_pylist() for n, c in zip(self.names, rb.columns, strict=True)}
+        fmt = self.list_format
         return {
-            n: self._column(c, k)
+            n: self._column(c, k, fmt)
             for n, c, k in zip(self.names, rb.columns, self.kinds, strict=True)
         }
 

@@ -93,6 +93,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         seed: seed of every shuffle. Same settings and seed give the same stream everywhere.
         epochs: epochs per pass (``for x in ds``), or ``None`` for endless.
         output: ``"torch"``, ``"numpy"``, ``"python"`` or ``"arrow"``.
+        list_format: batch mode with numpy/torch output, ``list<number>`` columns: ``"split"``
+            (one 1-D array/tensor per row, views), ``"offsets"`` (``(values, offsets)``),
+            ``"padded"`` (``(padded 2-D, lengths)``, 0-padded) or ``"nested"`` (a jagged
+            ``torch.nested`` tensor). Columns with null lists or values stay Python lists.
         rank, world_size: this process's place among distributed ranks; default from
             ``torch.distributed`` if initialized, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
         even: with several ranks, make every rank yield the same number of items per epoch
@@ -131,6 +135,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         seed: int = 0,
         epochs: int | None = 1,
         output: str = "torch",
+        list_format: str = "split",
         rank: int | None = None,
         world_size: int | None = None,
         even: str | None = "drop",
@@ -156,6 +161,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        Converter(output, pa.schema([]), list_format)  # validates output/list_format early
         if even not in ("drop", "pad", None):
             raise ValueError(f"even must be 'drop', 'pad' or None, got {even!r}")
         if read_batch_rows <= 0:
@@ -178,6 +184,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._seed = seed
         self._epochs = epochs
         self._output = output
+        self._list_format = list_format
         self._rank = rank
         self._world_size = world_size
         self._even = even
@@ -381,7 +388,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             )
 
     def _generate(self, stream: RawStream, generation: int) -> Iterator[Any]:
-        conv = Converter(self._output, self.catalog.schema)
+        conv = Converter(self._output, self.catalog.schema, self._list_format)
         bs = self._batch_size
         if bs is not None:
             while True:
