@@ -247,6 +247,8 @@ pub struct Segments {
     plan: Arc<EpochPlan>,
     ranges: std::collections::VecDeque<Range<u64>>,
     max_len: u64,
+    /// Cap of the first segment only (see [`Segments::with_first_len`]).
+    first_len: Option<u64>,
 }
 
 impl Segments {
@@ -255,7 +257,15 @@ impl Segments {
             plan,
             ranges: ranges.into_iter().filter(|r| r.start < r.end).collect(),
             max_len: max_len.max(1),
+            first_len: None,
         }
+    }
+
+    /// Cut the first segment at `n` rows (where splittable): after a resume the first batch
+    /// then waits for a small decode, not a whole piece. The rows and their order are unchanged.
+    pub fn with_first_len(mut self, n: u64) -> Self {
+        self.first_len = Some(n.max(1));
+        self
     }
 
     /// Like [`Segments::new`], but only cut a segment at `max_len` rows when `splittable(shard)`.
@@ -264,8 +274,12 @@ impl Segments {
         let (i, off) = self.plan.find(r.start);
         let u = self.plan.units[self.plan.order[i] as usize];
         let mut len = (u.rows - off).min(r.end - r.start);
-        if len > self.max_len && splittable(u.shard as usize) {
-            len = self.max_len;
+        let cap = self
+            .first_len
+            .take()
+            .map_or(self.max_len, |f| f.min(self.max_len));
+        if len > cap && splittable(u.shard as usize) {
+            len = cap;
         }
         r.start += len;
         if r.start == r.end {
@@ -374,6 +388,28 @@ mod tests {
             for s in &pad { for r in &s.ranges { for p in r.clone() { covered[p as usize] += 1; } } }
             prop_assert!(covered.iter().all(|&c| c >= 1));
             prop_assert!(covered.iter().map(|&c| (c - 1) as u64).sum::<u64>() < count as u64);
+        }
+    }
+
+    proptest! {
+        /// However segments are cut (max length, a small first one, unsplittable shards), they
+        /// walk exactly the rows of the ranges, in order.
+        #[test]
+        fn segment_cuts_preserve_rows(sizes in proptest::collection::vec(1u64..40, 1..8),
+                                      seed in any::<u64>(), max_len in 1u64..50, first in 1u64..10,
+                                      split in any::<bool>()) {
+            let plan = Arc::new(EpochPlan::new(mk_units(&sizes), seed, 0, true));
+            let total = plan.total();
+            let ranges = vec![0..total / 3, total / 2..total];
+            let walk = |segs: Vec<Segment>| segs.iter().flat_map(|s| s.first_row..s.first_row + s.len).collect::<Vec<_>>();
+            let plain = walk(Segments::new(plan.clone(), ranges.clone(), u64::MAX).collect());
+            let mut cut = Segments::new(plan.clone(), ranges.clone(), max_len).with_first_len(first);
+            let segs: Vec<Segment> = std::iter::from_fn(|| cut.next_with(|_| split)).collect();
+            if split {
+                prop_assert!(segs.iter().all(|s| s.len <= max_len));
+                if let Some(s) = segs.first() { prop_assert!(s.len <= first); }
+            }
+            prop_assert_eq!(walk(segs), plain);
         }
     }
 

@@ -143,6 +143,10 @@ impl Slab {
     }
 }
 
+/// Rows in the first readahead piece of a (re)started input: small, so the first batch after a
+/// resume does not wait for a whole piece to decode.
+const FIRST_PIECE_ROWS: u64 = 1024;
+
 /// Where decoded batches come from: this thread, or readahead threads started on first use.
 enum Source {
     Sync {
@@ -182,7 +186,8 @@ impl Input {
         } else {
             Source::NotStarted(Pieces::new(
                 catalog.clone(),
-                Segments::new(plan.clone(), ranges, opts.piece_rows),
+                Segments::new(plan.clone(), ranges, opts.piece_rows)
+                    .with_first_len(FIRST_PIECE_ROWS),
             ))
         };
         Input {
