@@ -112,51 +112,106 @@ fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<Rec
 }
 
 /// Read arbitrary rows by global id (`rows` sorted ascending, unique): one read per row group
-/// touched, each selecting just the wanted rows. Returns batches whose rows, concatenated, are
-/// `rows` in order. Used to refill a shuffle buffer from a saved state.
-pub fn read_rows(catalog: &Catalog, rows: &[u64], batch_rows: usize) -> Result<Vec<RecordBatch>> {
-    let mut out = Vec::new();
+/// touched, each selecting just the wanted rows, spread over up to `threads` scoped threads
+/// (joined before returning, so nothing outlives the call). Returns batches whose rows,
+/// concatenated, are `rows` in order. Used to refill a shuffle buffer from a saved state.
+pub fn read_rows(
+    catalog: &Catalog,
+    rows: &[u64],
+    batch_rows: usize,
+    threads: usize,
+) -> Result<Vec<RecordBatch>> {
+    // (shard, row group, the slice of `rows` inside it)
+    let mut groups = Vec::new();
     let mut i = 0;
     while i < rows.len() {
         let (s, g, _) = catalog
             .locate(rows[i])
             .ok_or_else(|| Error::State(format!("row id {} is outside the dataset", rows[i])))?;
         let shard = catalog.shard(s);
-        let rg = &shard.row_groups[g];
-        let rg_first = shard.first_row + rg.first_row;
-        let rg_end = rg_first + rg.num_rows;
+        let rg_end = shard.first_row + shard.row_groups[g].first_row + shard.row_groups[g].num_rows;
         let j = i + rows[i..].partition_point(|&r| r < rg_end);
-        let mut selection = Vec::new();
-        let mut at = 0u64; // next row (relative to the row group) not yet covered by a selector
-        let mut k = i;
-        while k < j {
-            let start = rows[k] - rg_first;
-            let mut end = start + 1;
-            while k + 1 < j && rows[k + 1] == rows[k] + 1 {
-                k += 1;
-                end += 1;
-            }
-            if start > at {
-                selection.push(RowSelector::skip((start - at) as usize));
-            }
-            selection.push(RowSelector::select((end - start) as usize));
-            at = end;
-            k += 1;
-        }
-        let want = (j - i) as u64;
-        let mut got = 0u64;
-        for b in open_row_group(shard, g, selection, batch_rows)? {
-            let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
-            got += b.num_rows() as u64;
-            out.push(to_output(catalog, shard, b)?);
-        }
-        if got != want {
-            return Err(Error::shard(
-                &shard.path,
-                format!("row group {g}: asked for {want} rows, read {got}"),
-            ));
-        }
+        groups.push((s, g, &rows[i..j]));
         i = j;
+    }
+    let threads = threads.clamp(1, groups.len().max(1));
+    if threads == 1 {
+        let mut out = Vec::new();
+        for &(s, g, ids) in &groups {
+            out.extend(read_group(catalog, s, g, ids, batch_rows)?);
+        }
+        return Ok(out);
+    }
+    let mut parts: Vec<Option<Result<Vec<RecordBatch>>>> =
+        (0..groups.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let groups = &groups;
+                scope.spawn(move || {
+                    (t..groups.len())
+                        .step_by(threads)
+                        .map(|k| {
+                            let (s, g, ids) = groups[k];
+                            (k, read_group(catalog, s, g, ids, batch_rows))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            // A panicking reader re-panics here, in the caller, where the FFI boundary catches it.
+            for (k, r) in h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)) {
+                parts[k] = Some(r);
+            }
+        }
+    });
+    let mut out = Vec::new();
+    for p in parts {
+        out.extend(p.expect("every group read")?);
+    }
+    Ok(out)
+}
+
+/// The rows `ids` (sorted, unique, all inside row group `g` of shard `s`).
+fn read_group(
+    catalog: &Catalog,
+    s: usize,
+    g: usize,
+    ids: &[u64],
+    batch_rows: usize,
+) -> Result<Vec<RecordBatch>> {
+    let shard = catalog.shard(s);
+    let rg_first = shard.first_row + shard.row_groups[g].first_row;
+    let mut selection = Vec::new();
+    let mut at = 0u64; // next row (relative to the row group) not yet covered by a selector
+    let mut k = 0;
+    while k < ids.len() {
+        let start = ids[k] - rg_first;
+        let mut end = start + 1;
+        while k + 1 < ids.len() && ids[k + 1] == ids[k] + 1 {
+            k += 1;
+            end += 1;
+        }
+        if start > at {
+            selection.push(RowSelector::skip((start - at) as usize));
+        }
+        selection.push(RowSelector::select((end - start) as usize));
+        at = end;
+        k += 1;
+    }
+    let mut out = Vec::new();
+    let mut got = 0u64;
+    for b in open_row_group(shard, g, selection, batch_rows)? {
+        let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
+        got += b.num_rows() as u64;
+        out.push(to_output(catalog, shard, b)?);
+    }
+    if got != ids.len() as u64 {
+        return Err(Error::shard(
+            &shard.path,
+            format!("row group {g}: asked for {} rows, read {got}", ids.len()),
+        ));
     }
     Ok(out)
 }

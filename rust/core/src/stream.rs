@@ -656,11 +656,13 @@ impl Stream {
             );
             let mut slab = Slab::default();
             if !self.buffer.rows.is_empty() {
+                // Refill with as many threads as readahead may use (scoped: joined right here).
                 hydrate(
                     &self.catalog,
                     &mut self.buffer,
                     &mut slab,
                     self.opts.read_batch_rows,
+                    self.opts.readahead_threads,
                 )?;
             }
             self.data = Some(DataSide { input, slab });
@@ -788,12 +790,13 @@ fn hydrate(
     buffer: &mut Buffer<Loc>,
     slab: &mut Slab,
     batch_rows: usize,
+    threads: usize,
 ) -> Result<()> {
     let mut unique = buffer.rows.clone();
     unique.sort_unstable();
     unique.dedup();
     let mut locs = Vec::with_capacity(unique.len());
-    for b in read_rows(catalog, &unique, batch_rows)? {
+    for b in read_rows(catalog, &unique, batch_rows, threads)? {
         let n = b.num_rows();
         // One reference per buffer entry pointing here, added below.
         let id = slab.insert(b, 0);
