@@ -589,3 +589,25 @@ def test_abandoned_iterators_do_not_leak_or_disturb(small):
             next(it)
         del it
     assert keys_of(make_ds(small.root, st), True) == full
+
+
+def test_state_dict_before_iterating_an_elastic_load(small):
+    """After loading every rank's state into another layout, state_dict() before the first
+    next() is this rank's share: resuming from it gives exactly what iterating would, and
+    old + new ranks yield every row exactly once."""
+    s = dict(output="python", batch_size=6, shuffle_buffer=9, seed=2, even=None)
+    seen = Counter()
+    states = []
+    for r in range(2):
+        ds = make_ds(small.root, dict(s, rank=r, world_size=2))
+        seen.update(flat_ids(keys_of(take(iter(ds), 7 + 4 * r), True)))
+        states.append(ds.state_dict())
+    for r in range(3):
+        a = make_ds(small.root, dict(s, rank=r, world_size=3))
+        a.load_state_dict(states)
+        b = make_ds(small.root, dict(s, rank=r, world_size=3))
+        b.load_state_dict(a.state_dict())
+        rest = keys_of(a, True)
+        assert keys_of(b, True) == rest
+        seen.update(flat_ids(rest))
+    assert seen == Counter(small.ids)

@@ -300,14 +300,13 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     def state_dict(self) -> dict[str, Any]:
         """The position right after the last item this dataset yielded, as plain built-ins."""
         slot, position = self._slot, self._position()
-        if self._pending is not None:
-            # Loaded but not iterated yet: hand back what was loaded (one slot's state).
-            slot, position = self._pending[0] if len(self._pending) == 1 else (None, None)
-            if len(self._pending) > 1:
-                raise StateError(
-                    "this dataset holds the states of several slots for an elastic resume and "
-                    "has not been iterated yet; save the original states instead"
-                )
+        if self._pending:
+            # Loaded but not iterated yet: this iterator's slot's share of what was loaded.
+            slot = self._resolve_slot()
+            stream = self._restored_stream(slot, probe=True)
+            position = stream.state()
+        elif self._pending is not None:
+            slot, position = None, None  # loaded a state of slots that had not started
         if position is None:
             slot = None
         return _state.make(self._fingerprint, self._settings(), self._first_epoch, slot, position)
@@ -353,32 +352,40 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         slot = self._resolve_slot()
-        stream = self._new_stream(slot)
         if self._pending is not None:
-            own = [p for s, p in self._pending if s == slot]
-            if own:
-                stream.restore(own[0])
-            elif self._pending:
-                # Another layout (ranks x workers): take this slot's share of what is left.
-                try:
-                    merged = [(s[0], s[1], p) for s, p in self._pending]
-                    stream.restore_merged(merged, _one_even(self._pending))
-                except StateError as e:
-                    raise StateError(
-                        f"{e} (this iterator is slot {slot[0]} of {slot[1]}, slot = rank * "
-                        "num_workers + worker_id; to resume with other ranks or workers, load "
-                        "the states of every slot, e.g. a list of all ranks' states)"
-                    ) from None
+            stream = self._restored_stream(slot)
             self._pending = None
-        elif self._stream is not None and not self._finished and self._slot == slot:
-            position = self._position()  # continue where the previous iterator stopped
-            if position is not None:
-                stream.restore(position)
+        else:
+            stream = self._new_stream(slot)
+            if self._stream is not None and not self._finished and self._slot == slot:
+                position = self._position()  # continue where the previous iterator stopped
+                if position is not None:
+                    stream.restore(position)
         self._stream, self._slot = stream, slot
         self._rows_into_chunk = None
         self._finished = False
         self._generation += 1
         return self._generate(stream, self._generation)
+
+    def _restored_stream(self, slot: _state.Slot, probe: bool = False) -> RawStream:
+        """A stream for ``slot`` positioned by the loaded states: its own state if one was
+        loaded, else (another layout: ranks x workers) its share of what is left."""
+        assert self._pending is not None
+        stream = self._new_stream(slot, probe=probe)
+        own = [p for s, p in self._pending if s == slot]
+        if own:
+            stream.restore(own[0])
+        elif self._pending:
+            try:
+                merged = [(s[0], s[1], p) for s, p in self._pending]
+                stream.restore_merged(merged, _one_even(self._pending))
+            except StateError as e:
+                raise StateError(
+                    f"{e} (this iterator is slot {slot[0]} of {slot[1]}, slot = rank * "
+                    "num_workers + worker_id; to resume with other ranks or workers, load "
+                    "the states of every slot, e.g. a list of all ranks' states)"
+                ) from None
+        return stream
 
     def _stale(self, generation: int) -> None:
         if generation != self._generation:
