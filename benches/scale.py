@@ -71,16 +71,20 @@ def main() -> int:
         f"({time.perf_counter() - t:.1f}s to prepare)"
     )
 
-    ds = ParquetStream(
-        data,
-        columns=["id"],
-        batch_size=32,
-        shuffle_buffer=a.buffer,
-        seed=1,
-        output="arrow",
-        even=None,
-        readahead_threads=0,
-    )
+    def stream(**layout: int) -> ParquetStream:
+        return ParquetStream(
+            data,
+            columns=["id"],
+            batch_size=32,
+            shuffle_buffer=a.buffer,
+            seed=1,
+            output="arrow",
+            even=None,
+            readahead_threads=0,
+            **layout,
+        )
+
+    ds = stream()
     settings = dict(
         seed=1,
         shuffle_buffer=a.buffer,
@@ -110,18 +114,7 @@ def main() -> int:
         f"{everything / 2**20:.1f} MiB all"
     )
 
-    new = ParquetStream(
-        data,
-        columns=["id"],
-        batch_size=32,
-        shuffle_buffer=a.buffer,
-        seed=1,
-        output="arrow",
-        even=None,
-        rank=0,
-        world_size=a.new_ranks,
-        readahead_threads=0,
-    )
+    new = stream(rank=0, world_size=a.new_ranks)
     t = time.perf_counter()
     new.load_state_dict(states)
     load = time.perf_counter() - t
