@@ -514,9 +514,9 @@ impl Stream {
 
     /// [`Stream::restore`], also checking a saved `seek` against the position it describes.
     pub fn restore_checked(&mut self, st: &SlotState, seek: Option<&Seek>) -> Result<()> {
+        // Validate first (once): seek_of assumes a state that fits this stream.
+        let plan = self.check(st)?;
         if let Some(saved) = seek {
-            // Validate first: seek_of assumes a state that fits this stream.
-            self.check(st)?;
             let here = self.seek_of(st);
             if here.as_ref() != Some(saved) {
                 return Err(Error::State(format!(
@@ -524,7 +524,8 @@ impl Stream {
                 )));
             }
         }
-        self.restore(st)
+        self.apply(plan, st);
+        Ok(())
     }
 
     /// The position after the first `k` rows of the last returned batch.
@@ -558,7 +559,14 @@ impl Stream {
 
     /// Continue from `st` (validated first; on error the stream is unchanged).
     pub fn restore(&mut self, st: &SlotState) -> Result<()> {
-        self.plan = self.check(st)?;
+        let plan = self.check(st)?;
+        self.apply(plan, st);
+        Ok(())
+    }
+
+    /// Take over a state already validated against `plan` (its epoch's plan).
+    fn apply(&mut self, plan: Arc<EpochPlan>, st: &SlotState) {
+        self.plan = plan;
         self.specs = st.specs.clone();
         self.set_epoch(st.epoch);
         self.cursor = st.cursor;
@@ -567,7 +575,6 @@ impl Stream {
         self.buffer.rows = st.buffer.clone();
         self.buffer.data = vec![Loc::default(); st.buffer.len()];
         self.batch_start = None;
-        Ok(())
     }
 
     /// `st` moved forward by `k` output rows (within its epoch), computed on row ids alone.
