@@ -50,18 +50,6 @@ impl SlotState {
         self.specs.iter().find(|(e, _)| *e == epoch).map(|(_, s)| s)
     }
 
-    /// The buffer as packed little-endian u64s (8 bytes per buffered row), base64-encoded.
-    ///
-    /// A `str`, not `bytes`: torch's `weights_only` unpickler rejects empty `bytes`, pickle
-    /// protocol 2 (torch.save's) inflates bytes through latin-1, and a string is also JSON.
-    pub fn buffer_base64(&self) -> String {
-        ids_to_base64(&self.buffer)
-    }
-
-    pub fn buffer_from_base64(text: &str) -> Result<Vec<u64>> {
-        ids_from_base64(text, "buffer")
-    }
-
     /// Check this state against its epoch's plan and spec and the buffer capacity.
     /// `repeats` allows a row to be buffered twice (`Even::Pad` reads one row twice).
     pub fn validate(
@@ -263,19 +251,16 @@ mod tests {
             buffer: vec![0, 1, u64::MAX, 1 << 40],
             ..SlotState::start_of(0)
         };
-        let text = st.buffer_base64();
-        assert_eq!(SlotState::buffer_from_base64(&text).unwrap(), st.buffer);
-        assert_eq!(
-            SlotState::buffer_from_base64("").unwrap(),
-            Vec::<u64>::new()
-        );
+        let text = ids_to_base64(&st.buffer);
+        assert_eq!(ids_from_base64(&text, "buffer").unwrap(), st.buffer);
+        assert_eq!(ids_from_base64("", "buffer").unwrap(), Vec::<u64>::new());
         let short = BASE64.encode([1u8, 2, 3]);
         assert!(matches!(
-            SlotState::buffer_from_base64(&short),
+            ids_from_base64(&short, "buffer"),
             Err(Error::State(_))
         ));
         assert!(matches!(
-            SlotState::buffer_from_base64("not base64!"),
+            ids_from_base64("not base64!", "buffer"),
             Err(Error::State(_))
         ));
     }

@@ -449,16 +449,6 @@ impl Stream {
         self.standard_spec().output_len() == 0 && self.specs.iter().all(|(e, _)| *e <= self.epoch)
     }
 
-    /// True once every row of the pass has been emitted.
-    pub fn finished(&self) -> bool {
-        let end = self.end_epoch();
-        if end.is_some_and(|e| self.epoch >= e) {
-            return true;
-        }
-        self.emitted == self.spec.output_len()
-            && (end == Some(self.epoch + 1) || self.nothing_after())
-    }
-
     /// The position after the last emitted row.
     pub fn state(&self) -> SlotState {
         SlotState {
@@ -738,11 +728,6 @@ impl Stream {
             }
         }
         Ok(out)
-    }
-
-    /// Rows currently held in retained decoded batches (for memory tests and stats).
-    pub fn retained_rows(&self) -> usize {
-        self.data.as_ref().map_or(0, |d| d.slab.live_rows)
     }
 }
 

@@ -220,15 +220,6 @@ impl RawStream {
             check_states(s.catalog(), s.options(), &old, old_even)
         })
     }
-
-    fn finished(&self, py: Python<'_>) -> PyResult<bool> {
-        self.with(py, |s| Ok(s.finished()))
-    }
-
-    /// Rows held in retained decoded batches (memory diagnostics).
-    fn retained_rows(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, |s| Ok(s.retained_rows()))
-    }
 }
 
 type MergedInput = (Vec<(Slot, SlotState)>, Even);
@@ -445,7 +436,7 @@ fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
         cursor: f.uint("cursor")?,
         emitted: f.uint("emitted")?,
         rng_word_pos: f.uint("rng_word_pos")?,
-        buffer: SlotState::buffer_from_base64(&f.string("buffer")?).map_err(|e| to_py(py, e))?,
+        buffer: ids_from_base64(&f.string("buffer")?, "buffer").map_err(|e| to_py(py, e))?,
         specs,
     })
 }
