@@ -35,7 +35,7 @@ Columns (in this file order):
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -187,6 +187,7 @@ def write_shards(
     seed: int = 0,
     start_id: int = 0,
     prefix: str = "shard",
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Write ``{prefix}-{i:05d}.parquet`` shards into ``out_dir``; return their paths.
 
@@ -197,6 +198,8 @@ def write_shards(
       sizes of each shard (then ``num_shards`` and ``rows_per_shard`` come from it; a 0 in
       the list writes a zero-row row group).
     * ``page_index``: write the Parquet page index (column/offset index) or not.
+    * ``progress``: called with the number of rows after each row group is written
+      (e.g. ``shardstream._progress.Progress.update``).
     """
     os.makedirs(out_dir, exist_ok=True)
     if row_group_size is not None and not isinstance(row_group_size, int):
@@ -241,5 +244,7 @@ def write_shards(
                 )
                 w.write_table(t, row_group_size=max(s, 1))
                 next_id += s
+                if progress is not None:
+                    progress(s)
         paths.append(os.path.abspath(path))
     return paths

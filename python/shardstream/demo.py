@@ -109,6 +109,7 @@ def _cat(chunks: list[np.ndarray]) -> np.ndarray:
 
 
 def _prepare_data(args: argparse.Namespace, data_dir: str) -> int:
+    from shardstream._progress import Progress
     from shardstream.datagen import write_shards
 
     per = [
@@ -120,15 +121,17 @@ def _prepare_data(args: argparse.Namespace, data_dir: str) -> int:
     for name in os.listdir(data_dir):
         if name.startswith("shard-") and name.endswith(".parquet"):
             os.remove(os.path.join(data_dir, name))
-    write_shards(
-        data_dir,
-        num_shards=args.shards,
-        rows_per_shard=per,
-        page_index=True,
-        compression="zstd",
-        tokens_len=(16, 128),
-        seed=args.seed,
-    )
+    with Progress(args.rows, "[data]      writing shards") as bar:
+        write_shards(
+            data_dir,
+            num_shards=args.shards,
+            rows_per_shard=per,
+            page_index=True,
+            compression="zstd",
+            tokens_len=(16, 128),
+            seed=args.seed,
+            progress=bar.update,
+        )
     print(
         f"[data]      wrote {args.rows:,} rows in {args.shards} shards to {data_dir} "
         f"(list<int32> tokens, zstd, page index) in {time.perf_counter() - t:.1f}s"
