@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from ._core import __version__
 from .dataset import ParquetStream
-from .errors import SchemaError, ShardError, ShardstreamError, StateError
+from .errors import SchemaError, ShardError, ShardsChangedError, ShardstreamError, StateError
 
 __all__ = [
     "ParquetStream",
     "SchemaError",
     "ShardError",
+    "ShardsChangedError",
     "ShardstreamError",
     "StateError",
     "__version__",

@@ -73,6 +73,12 @@ def _one_even(pending: list[tuple[_state.Slot, dict[str, Any]]]) -> str:
     return evens.pop()
 
 
+def _union_skips(records: Any) -> list[dict[str, Any]]:
+    """Skip records without duplicates (several slots' states carry the same history), sorted."""
+    seen = {(r["epoch"], tuple(r["slot"]), r["start"], r["stop"]): r for r in records}
+    return [seen[k] for k in sorted(seen)]
+
+
 def _worker() -> tuple[int, int]:
     info = torch.utils.data.get_worker_info() if torch is not None else None
     return (info.id, info.num_workers) if info is not None else (0, 1)
@@ -194,6 +200,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._catalog: RawCatalog | None = RawCatalog(self._sources, self._columns)
         self._fingerprint: dict[str, Any] = self._catalog.fingerprint()
         self._first_epoch = 0
+        # Every skip applied so far (this run and the runs it resumed from): state history.
+        self._skips: list[dict[str, Any]] = []
+        # Skips to apply again when the stream reaches them (replay_skips).
+        self._replay: list[dict[str, Any]] = []
         self._reset_position()
 
     def _reset_position(self) -> None:
@@ -205,6 +215,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._pending: list[tuple[_state.Slot, dict[str, Any]]] | None = None
         self._finished = False
         self._generation = 0
+        self._chunk = 0  # row mode: bumped when skip() invalidates the rows of the last chunk
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -309,9 +320,11 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             slot, position = None, None  # loaded a state of slots that had not started
         if position is None:
             slot = None
-        return _state.make(self._fingerprint, self._settings(), self._first_epoch, slot, position)
+        return _state.make(
+            self._fingerprint, self._settings(), self._first_epoch, slot, position, self._skips
+        )
 
-    def load_state_dict(self, state_dict: Any) -> None:
+    def load_state_dict(self, state_dict: Any, *, allow_changed_shards: bool = False) -> None:
         """Continue after a saved position on the next ``iter(self)``.
 
         ``state_dict`` is one state from :meth:`state_dict` (same ranks and workers: the stream
@@ -320,7 +333,16 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         of those — to continue with a different number of ranks or workers (elastic resume:
         every row of the epoch not yet yielded is read exactly once by the new layout).
 
+        ``allow_changed_shards=True`` continues even though shards were modified, replaced,
+        added or removed since the state was saved (without it: :class:`ShardsChangedError`,
+        naming them). Meaning: each slot keeps its epoch and the number of rows it had yielded
+        in it; the new data's stream of that epoch is fast-forwarded past that many rows (on
+        row coordinates, nothing read) and continues. So the current epoch may repeat or miss
+        rows (its order is the new data's), the old shuffle buffer is dropped, later epochs are
+        exact over the new data, and recorded skips are kept as history.
+
         Raises:
+            ShardsChangedError: the shards changed since the state was saved (names them).
             StateError: the state is malformed, of another version, or saved over other data
                 or with other settings (the message says what differs).
         """
@@ -331,12 +353,25 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
                 "(expected what ParquetStream.state_dict() returns, or a list or loader state "
                 "holding it)"
             )
-        parsed = [_state.check(s, self._fingerprint, self._settings()) for s in found]
+        parsed = [
+            _state.check(
+                s,
+                self._fingerprint,
+                self._settings(),
+                changes=self.catalog.changes_since,
+                allow_changed=allow_changed_shards,
+            )
+            for s in found
+        ]
         first_epochs = sorted({p[0] for p in parsed})
         if len(first_epochs) > 1:
             raise StateError(f"the states come from different passes (first epochs {first_epochs})")
         # Slots that had not started carry no position: nothing to continue there.
-        pending = [(slot, pos) for _, slot, pos in parsed if slot is not None and pos is not None]
+        pending = [
+            (p.slot, p.position) for p in parsed if p.slot is not None and p.position is not None
+        ]
+        if any(p.changed for p in parsed):
+            pending = [(slot, self._carry_over(slot, pos, first_epochs[0])) for slot, pos in pending]
         # Full validation now (rows, buffers, epochs), not at the first next(): fail early.
         if len(pending) == 1:
             probe = self._new_stream(pending[0][0], first_epoch=first_epochs[0], probe=True)
@@ -348,6 +383,170 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._first_epoch = first_epochs[0]
         self._reset_position()
         self._pending = pending
+        self._skips = _union_skips(r for s in found for r in _state.skips(s))
+
+    def _carry_over(
+        self, slot: _state.Slot, position: dict[str, Any], first_epoch: int
+    ) -> dict[str, Any]:
+        """A position over changed shards: same epoch, same rows yielded (allow_changed_shards)."""
+        epoch = _state._int(position.get("epoch"), "state['position']['epoch']")
+        emitted = _state._int(position.get("emitted"), "state['position']['emitted']")
+        stream = self._new_stream(slot, first_epoch=first_epoch, probe=True)
+        start = {
+            "epoch": epoch,
+            "cursor": 0,
+            "emitted": 0,
+            "rng_word_pos": 0,
+            "buffer": "",
+            "specs": [],
+            "seek": None,
+        }
+        stream.restore(start)
+        stream.skip(emitted, 1)
+        return stream.state()
+
+    # -- skips --------------------------------------------------------------------------------
+    def skip(self, n: int) -> None:
+        """Pass over the next ``n`` items (batches in batch mode, rows in row mode) without
+        reading them, and record it in the state (``state_dict()["skips"]``).
+
+        Applies to this process's stream: the live iterator (the next item is ``n`` later), or,
+        before iterating, the loaded state (or the start). Nothing skipped is read or decoded:
+        the position moves on row coordinates, and with a shuffle buffer the buffer is simulated
+        on row ids, so the stream after a skip is exactly the one that reading and discarding
+        ``n`` items would give. Skips cross epoch ends; a short last batch dropped by
+        ``drop_last`` is passed over without counting. To skip inside a DataLoader's workers,
+        rewrite the checkpoint with :meth:`skip_state` instead.
+
+        Example:
+            >>> import tempfile, shardstream.datagen as dg
+            >>> d = tempfile.mkdtemp()
+            >>> _ = dg.write_shards(d, num_shards=1, rows_per_shard=10)
+            >>> ds = ParquetStream(d, columns=["id"], batch_size=2, output="python")
+            >>> it = iter(ds); next(it)["id"]
+            [0, 1]
+            >>> ds.skip(2)
+            >>> next(it)["id"]
+            [6, 7]
+            >>> ds.state_dict()["skips"]
+            [{'epoch': 0, 'slot': [0, 1], 'start': 2, 'stop': 6}]
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        if n == 0:
+            return
+        if self._stream is not None and self._pending is None and not self._finished:
+            stream, slot = self._stream, self._slot
+            assert slot is not None
+            if self._rows_into_chunk is not None:
+                # Row mode, mid-chunk: back to the last yielded row; the chunk's rest is dropped.
+                stream.restore(stream.state(within=self._rows_into_chunk))
+                self._rows_into_chunk = None
+            self._chunk += 1
+        else:
+            if self._pending and len(self._pending) > 1:
+                raise StateError(
+                    "skip() before iterating needs a single loaded state; to skip in every "
+                    "slot of a multi-slot checkpoint, rewrite it with skip_state()"
+                )
+            slot = self._resolve_slot()
+            stream = self._restored_stream(slot) if self._pending else self._new_stream(slot)
+        self._apply_skip(stream, slot, n, self._batch_size or 1)
+        if self._stream is not stream:
+            # Not iterating: the skip becomes the position the next iterator starts from.
+            self._pending = [(slot, stream.state())]
+
+    def _apply_skip(self, stream: RawStream, slot: _state.Slot, items: int, rows: int) -> None:
+        ranges = stream.skip(items, rows, self._drop_last and self._batch_size is not None)
+        self._skips = _union_skips(
+            [
+                *self._skips,
+                *(
+                    {"epoch": e, "slot": [slot[0], slot[1]], "start": a, "stop": b}
+                    for e, a, b in ranges
+                    if b > a
+                ),
+            ]
+        )
+
+    def skip_state(self, state_dict: Any, n: int) -> Any:
+        """A copy of a saved checkpoint in which every slot's stream has skipped its next ``n``
+        items (recorded in each state's ``skips``), for streams iterated inside DataLoader
+        workers or ranks. ``state_dict`` is anything :meth:`load_state_dict` takes, e.g. a
+        ``StatefulDataLoader.state_dict()``; with ``W`` workers (or ranks), the loader as a
+        whole then passes over ``n * W`` batches. Same layout only (not across an elastic
+        change); nothing is read.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        import copy
+
+        out = copy.deepcopy(state_dict)
+        found = _state.gather(out)
+        if not found:
+            raise StateError(f"no shardstream state found in the {type(state_dict).__name__}")
+        for st in found:
+            first_epoch, slot, position, _ = _state.check(
+                st, self._fingerprint, self._settings(), changes=self.catalog.changes_since
+            )
+            if slot is None or position is None:
+                raise StateError(
+                    "skip_state needs states of slots that have started (this one has no "
+                    "position): iterate once, or use skip() before iterating"
+                )
+            stream = self._new_stream(slot, first_epoch=first_epoch, probe=True)
+            stream.restore(position)
+            saved, self._skips = self._skips, _state.skips(st)
+            try:
+                self._apply_skip(stream, slot, n, self._batch_size or 1)
+                st[_state.KEY_POSITION] = stream.state()
+                st[_state.KEY_SKIPS] = self._skips
+            finally:
+                self._skips = saved
+        return out
+
+    def replay_skips(self, skips: Any) -> None:
+        """Apply recorded skips again when the stream reaches them, e.g. to re-run from an
+        earlier checkpoint the way a later run went: ``ds.replay_skips(later_state)``.
+        ``skips`` is a list of skip records or anything holding states (their ``skips`` are
+        used). A record applies when this iterator's slot reaches its epoch and start; records
+        of other slots (another layout) never apply.
+        """
+        if isinstance(skips, list) and all(
+            isinstance(r, dict) and "start" in r and "stop" in r for r in skips
+        ):
+            records = _state.skips({_state.KEY_SKIPS: skips})
+        else:
+            found = _state.gather(skips)
+            if not found:
+                raise StateError(f"no skips or shardstream state found in {type(skips).__name__}")
+            records = [r for st in found for r in _state.skips(st)]
+        self._replay = _union_skips([*self._replay, *records])
+
+    def _replay_due(self, stream: RawStream, slot: _state.Slot) -> int | None:
+        """Replay: apply the recorded skip that starts at the stream's position, if any; return
+        the rows until the next one in the current epoch (``None``: none ahead)."""
+        me = [slot[0], slot[1]]
+        while True:
+            epoch, at = stream.position()
+            ahead = [
+                r["start"]
+                for r in self._replay
+                if r["epoch"] == epoch and r["slot"] == me and r["start"] >= at
+            ]
+            if not ahead:
+                return None
+            start = min(ahead)
+            if start > at:
+                return start - at
+            rec = next(
+                r
+                for r in self._replay
+                if r["epoch"] == epoch and r["slot"] == me and r["start"] == at
+            )
+            self._apply_skip(stream, slot, rec["stop"] - at, 1)
+            if stream.position() == (epoch, at):
+                return None  # end of the pass
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -397,27 +596,31 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     def _generate(self, stream: RawStream, generation: int) -> Iterator[Any]:
         conv = Converter(self._output, self.catalog.schema, self._list_format)
         bs = self._batch_size
-        if bs is not None:
-            while True:
-                self._stale(generation)
+        slot = self._slot
+        assert slot is not None
+        while True:
+            self._stale(generation)
+            # Replayed skips start where the recorded run skipped: between items.
+            room = self._replay_due(stream, slot) if self._replay else None
+            if bs is not None:
                 rb = stream.next_batch(bs)
                 if rb is None:
                     break
                 if self._drop_last and rb.num_rows < bs:
                     continue
                 yield conv.batch(rb)
-        else:
-            while True:
+                continue
+            rb = stream.next_batch(ROW_MODE_CHUNK if room is None else min(room, ROW_MODE_CHUNK))
+            if rb is None:
+                break
+            rows = conv.rows(rb)
+            last, chunk = len(rows), self._chunk
+            for i, row in enumerate(rows, 1):
                 self._stale(generation)
-                rb = stream.next_batch(ROW_MODE_CHUNK)
-                if rb is None:
-                    break
-                rows = conv.rows(rb)
-                last = len(rows)
-                for i, row in enumerate(rows, 1):
-                    self._stale(generation)
-                    self._rows_into_chunk = i if i < last else None
-                    yield row
+                if self._chunk != chunk:
+                    break  # skip() moved the stream: the rest of this chunk is not yielded
+                self._rows_into_chunk = i if i < last else None
+                yield row
         self._stale(generation)
         self._finished = True
 

@@ -5,8 +5,9 @@ A state is a ``dict`` that ``torch.save``/``torch.load(weights_only=True)``, ``p
 
     {
       "format": "shardstream.ParquetStream",
-      "version": 1,
-      "fingerprint": {"shards": int, "rows": int, "paths": hex, "content": hex},
+      "version": 2,
+      "fingerprint": {"shards": int, "rows": int, "paths": hex, "content": hex,
+                      "buckets": base64},  # see rust/core/src/catalog.rs
       "settings": {"seed": int, "shuffle_buffer": int, "batch_size": int | None,
                    "drop_last": bool, "epochs": int | None, "even": str | None},
       "first_epoch": int,            # first epoch of the pass (set_epoch)
@@ -18,6 +19,7 @@ A state is a ``dict`` that ``torch.save``/``torch.load(weights_only=True)``, ``p
                                      "injected": str}, ...],
                           "seek": None | {"shard": str, "row_group": int, "row": int,
                                           "byte_offset": int}},
+      "skips": [{"epoch": int, "slot": [int, int], "start": int, "stop": int}, ...],
     }
 
 ``slot`` is ``rank * num_workers + worker_id`` of ``world_size * num_workers``. ``specs`` is
@@ -25,6 +27,11 @@ empty except after an elastic resume, where it lists what this slot reads of the
 the old layout had not finished (rust/core/src/elastic.rs). ``seek`` records where a resume
 reads first (shard relative to the dataset root, row group, row in it, the row group's byte
 offset); it is derived from the position and checked against it on load.
+
+``skips`` records every ``skip()`` this run (and the runs it resumed from) applied: rows
+``[start, stop)`` of epoch ``epoch``'s stream of slot ``slot = [index, count]`` were passed over
+without being yielded. It is history, so a checkpoint says what the model did not see, and it
+lets a re-run from an earlier checkpoint apply the same skips (``ParquetStream.replay_skips``).
 
 ``position`` is the Rust core's ``SlotState`` (see rust/core/src/state.rs): row coordinates
 only, 8 bytes per buffered row (little-endian u64 row ids, base64), nothing that depends on
@@ -34,12 +41,13 @@ what differs when a state does not belong here.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from .errors import StateError
+from .errors import ShardsChangedError, StateError
 
 FORMAT = "shardstream.ParquetStream"
-VERSION = 1
+VERSION = 2
 
 KEY_FORMAT = "format"
 KEY_VERSION = "version"
@@ -48,6 +56,7 @@ KEY_SETTINGS = "settings"
 KEY_FIRST_EPOCH = "first_epoch"
 KEY_SLOT = "slot"
 KEY_POSITION = "position"
+KEY_SKIPS = "skips"
 KEYS = (
     KEY_FORMAT,
     KEY_VERSION,
@@ -56,11 +65,13 @@ KEYS = (
     KEY_FIRST_EPOCH,
     KEY_SLOT,
     KEY_POSITION,
+    KEY_SKIPS,
 )
 
-FINGERPRINT_KEYS = ("shards", "rows", "paths", "content")
+FINGERPRINT_KEYS = ("shards", "rows", "paths", "content", "buckets")
 SETTINGS_KEYS = ("seed", "shuffle_buffer", "batch_size", "drop_last", "epochs", "even")
 SLOT_KEYS = ("index", "count", "even")
+SKIP_KEYS = ("epoch", "slot", "start", "stop")
 EVEN_MODES = ("off", "drop", "pad")
 
 Slot = tuple[int, int, str]  # (index, count, even policy the layout ran with)
@@ -72,6 +83,7 @@ def make(
     first_epoch: int,
     slot: Slot | None,
     position: dict[str, Any] | None,
+    skips: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
         KEY_FORMAT: FORMAT,
@@ -81,6 +93,7 @@ def make(
         KEY_FIRST_EPOCH: first_epoch,
         KEY_SLOT: None if slot is None else {"index": slot[0], "count": slot[1], "even": slot[2]},
         KEY_POSITION: position,
+        KEY_SKIPS: [dict(k, slot=list(k["slot"])) for k in skips or ()],
     }
 
 
@@ -128,12 +141,82 @@ def gather(obj: Any) -> list[dict[str, Any]]:
     return []
 
 
+class Checked(NamedTuple):
+    first_epoch: int
+    slot: Slot | None
+    position: dict[str, Any] | None
+    #: The shards changed since the state was saved (only with ``allow_changed``).
+    changed: bool
+
+
+def _changed_shards(
+    saved: dict[str, Any],
+    now: dict[str, Any],
+    changes: Callable[[str], dict[str, Any]] | None,
+) -> StateError:
+    """The error for a fingerprint mismatch: another shard set, or the same one changed (then
+    naming the shards, from the per-bucket digests)."""
+    if not isinstance(saved.get("buckets"), str) or changes is None:
+        return StateError(f"state's fingerprint {saved} does not match this dataset's {now}")
+    try:
+        diff = changes(saved["buckets"])
+    except StateError as e:
+        return StateError(f"state's fingerprint is malformed: {e}")
+    added, changed, removed = diff["added"], diff["changed"], diff["removed_buckets"]
+    if (
+        saved["paths"] != now["paths"]
+        and now["shards"] > 1
+        and len(added) + len(changed) >= now["shards"]
+    ):
+        # No shard of this dataset is where the state's digests expect it: other data.
+        return StateError(
+            "state belongs to a different shard set: it was saved over "
+            f"{saved['shards']} shards (paths digest {saved['paths']}), this dataset has "
+            f"{now['shards']} shards (paths digest {now['paths']})"
+        )
+    parts = []
+    if changed:
+        parts.append(f"modified or replaced: {_names(changed)}")
+    if added:
+        parts.append(f"added: {_names(added)}")
+    if removed or saved["shards"] > now["shards"]:
+        gone = max(removed, saved["shards"] - now["shards"] - len(added))
+        parts.append(f"removed or renamed: {gone} shard(s) (the state does not store their paths)")
+    if not parts:  # digests collide or only the totals differ
+        parts.append("the shards' sizes, row counts or footers differ")
+    return ShardsChangedError(
+        "shards changed since the state was saved "
+        f"(then {saved['shards']} shards / {saved['rows']} rows, now {now['shards']} / "
+        f"{now['rows']}): " + "; ".join(parts) + ". To continue anyway, pass "
+        "load_state_dict(..., allow_changed_shards=True): the epoch and the rows already "
+        "yielded in it are kept, the rest of that epoch is read from the new data",
+        added,
+        changed,
+        removed,
+    )
+
+
+def _names(paths: list[str], limit: int = 10) -> str:
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(paths[:limit]) + more
+
+
 def check(
-    state: Any, fingerprint: dict[str, Any], settings: dict[str, Any]
-) -> tuple[int, Slot | None, dict[str, Any] | None]:
-    """Validate ``state`` against this dataset; return (first_epoch, slot, position).
+    state: Any,
+    fingerprint: dict[str, Any],
+    settings: dict[str, Any],
+    *,
+    changes: Callable[[str], dict[str, Any]] | None = None,
+    allow_changed: bool = False,
+) -> Checked:
+    """Validate ``state`` against this dataset; return (first_epoch, slot, position, changed).
+
+    ``changes(buckets)`` (``RawCatalog.changes_since``) names the shards that differ from the
+    saved fingerprint; with ``allow_changed``, changed shards are reported in the result
+    instead of raised.
 
     Raises:
+        ShardsChangedError: same dataset, changed shards (names them).
         StateError: saying what is malformed or what differs.
     """
     if not isinstance(state, dict):
@@ -150,18 +233,16 @@ def check(
     _exact_keys(state, KEYS, "state")
 
     fp = _exact_keys(state[KEY_FINGERPRINT], FINGERPRINT_KEYS, "state['fingerprint']")
-    if fp["paths"] != fingerprint["paths"] or fp["shards"] != fingerprint["shards"]:
-        raise StateError(
-            "state belongs to a different shard set: it was saved over "
-            f"{fp['shards']} shards (paths digest {fp['paths']}), this dataset has "
-            f"{fingerprint['shards']} shards (paths digest {fingerprint['paths']})"
-        )
-    if fp["content"] != fingerprint["content"] or fp["rows"] != fingerprint["rows"]:
-        raise StateError(
-            "shards changed since the state was saved: same paths, but sizes or row counts "
-            f"differ (state: {fp['rows']} rows, content digest {fp['content']}; now: "
-            f"{fingerprint['rows']} rows, content digest {fingerprint['content']})"
-        )
+    for k in ("shards", "rows"):
+        _int(fp[k], f"state['fingerprint']['{k}']")
+    for k in ("paths", "content", "buckets"):
+        if not isinstance(fp[k], str):
+            raise StateError(
+                f"state['fingerprint']['{k}'] must be a str, got {type(fp[k]).__name__}"
+            )
+    shards_changed = None
+    if any(fp[k] != fingerprint[k] for k in FINGERPRINT_KEYS):
+        shards_changed = _changed_shards(fp, fingerprint, changes)
 
     st = _exact_keys(state[KEY_SETTINGS], SETTINGS_KEYS, "state['settings']")
     diffs = [
@@ -172,13 +253,19 @@ def check(
     if diffs:
         raise StateError("state was saved with different settings: " + "; ".join(diffs))
 
+    skips(state)
     first_epoch = _int(state[KEY_FIRST_EPOCH], "state['first_epoch']")
     slot_d = state[KEY_SLOT]
     position = state[KEY_POSITION]
+    if shards_changed is not None and not (
+        allow_changed and isinstance(shards_changed, ShardsChangedError)
+    ):
+        raise shards_changed  # after the settings: those never pass, changed data may
+    changed = shards_changed is not None
     if slot_d is None:
         if position is not None:
             raise StateError("state has a position but no slot")
-        return first_epoch, None, None
+        return Checked(first_epoch, None, None, changed)
     _exact_keys(slot_d, SLOT_KEYS, "state['slot']")
     index = _int(slot_d["index"], "state['slot']['index']", maximum=U32_MAX)
     count = _int(slot_d["count"], "state['slot']['count']", minimum=1, maximum=U32_MAX)
@@ -189,4 +276,35 @@ def check(
         raise StateError(f"state['slot']['even'] must be one of {EVEN_MODES}, got {even!r}")
     if not isinstance(position, dict):
         raise StateError(f"state['position'] must be a dict, got {type(position).__name__}")
-    return first_epoch, (index, count, even), position
+    return Checked(first_epoch, (index, count, even), position, changed)
+
+
+def skips(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The skip records of a state (``check`` validates them), as fresh dicts."""
+    records = state.get(KEY_SKIPS)
+    if not isinstance(records, list):
+        raise StateError(f"state['skips'] must be a list, got {type(records).__name__}")
+    out = []
+    for i, rec in enumerate(records):
+        what = f"state['skips'][{i}]"
+        _exact_keys(rec, SKIP_KEYS, what)
+        slot = rec["slot"]
+        if not isinstance(slot, (list, tuple)) or len(slot) != 2:
+            raise StateError(f"{what}['slot'] must be [index, count], got {slot!r}")
+        index = _int(slot[0], f"{what}['slot'][0]", maximum=U32_MAX)
+        count = _int(slot[1], f"{what}['slot'][1]", minimum=1, maximum=U32_MAX)
+        if index >= count:
+            raise StateError(f"{what}['slot'] index {index} is not below count {count}")
+        start = _int(rec["start"], f"{what}['start']")
+        stop = _int(rec["stop"], f"{what}['stop']")
+        if stop <= start:
+            raise StateError(f"{what} is empty or reversed: start {start}, stop {stop}")
+        out.append(
+            {
+                "epoch": _int(rec["epoch"], f"{what}['epoch']"),
+                "slot": [index, count],
+                "start": start,
+                "stop": stop,
+            }
+        )
+    return out

@@ -449,6 +449,17 @@ impl Stream {
         self.standard_spec().output_len() == 0 && self.specs.iter().all(|(e, _)| *e <= self.epoch)
     }
 
+    /// `(epoch, rows emitted in it)` of the next output row: at the end of an epoch that is the
+    /// start of the next one (unless the pass ends there).
+    pub fn position(&self) -> (u64, u64) {
+        let end = self.end_epoch();
+        let at_end = self.emitted >= self.spec.output_len();
+        if at_end && end.is_none_or(|e| self.epoch + 1 < e) && !self.nothing_after() {
+            return (self.epoch + 1, 0);
+        }
+        (self.epoch, self.emitted)
+    }
+
     /// The position after the last emitted row.
     pub fn state(&self) -> SlotState {
         SlotState {
@@ -600,6 +611,64 @@ impl Stream {
         }
         out.buffer = buf.rows;
         out.rng_word_pos = rng.word_pos();
+        Ok(out)
+    }
+
+    /// Skip the next `items` outputs without reading them: an output is `item_rows` rows (a
+    /// batch; 1 in row mode), or fewer at the end of an epoch, as [`Stream::next_batch`] would cut
+    /// them. With `drop_short`, an epoch's short last batch is skipped without counting, as the
+    /// Python layer drops it (`drop_last`). Works on row coordinates only (the shuffle buffer is
+    /// simulated on row ids), so nothing skipped is read or decoded; the rows left in the buffer
+    /// are re-read on the next batch, as after a resume.
+    ///
+    /// Returns the skipped row ranges as `(epoch, start, stop)` in this slot's epoch positions
+    /// (`emitted` before and after), one per epoch touched; fewer items are skipped only when
+    /// the pass ends first.
+    pub fn skip(
+        &mut self,
+        mut items: u64,
+        item_rows: u64,
+        drop_short: bool,
+    ) -> Result<Vec<(u64, u64, u64)>> {
+        let item_rows = item_rows.max(1);
+        let mut out = Vec::new();
+        while items > 0 {
+            let end = self.end_epoch();
+            if end.is_some_and(|e| self.epoch >= e) {
+                break;
+            }
+            let left = self.spec.output_len() - self.emitted;
+            if left == 0 {
+                // Same rule as next_batch: never step onto an empty epoch past the pass.
+                if end == Some(self.epoch + 1) || self.nothing_after() {
+                    break;
+                }
+                self.set_epoch(self.epoch + 1);
+                continue;
+            }
+            let (full, short) = (left / item_rows, left % item_rows);
+            let rows = if items <= full {
+                items * item_rows
+            } else {
+                left // the rest of the epoch: every full batch and the short one
+            };
+            items -= if items <= full {
+                items
+            } else {
+                full + u64::from(short > 0 && !drop_short)
+            };
+            let start = self.emitted;
+            let st = self.advance_state(&self.state(), rows)?;
+            if st.emitted != start + rows {
+                return Err(Error::Internal(format!(
+                    "skip moved {} rows instead of {rows}",
+                    st.emitted - start
+                )));
+            }
+            let plan = self.plan.clone();
+            self.apply(plan, &st);
+            out.push((self.epoch, start, st.emitted));
+        }
         Ok(out)
     }
 
@@ -924,6 +993,59 @@ pub(crate) mod tests {
             let total: usize = rows.iter().sum();
             let want: Vec<i64> = (0..total as i64).flat_map(|x| [x, x]).collect();
             prop_assert_eq!(seen, want);
+        }
+
+        /// Skipping n batches (on coordinates, nothing read) leaves the stream exactly where
+        /// reading and discarding them would, across epoch ends and short last batches, and
+        /// reports the skipped rows as per-epoch position ranges.
+        #[test]
+        fn skip_equals_read_and_discard(
+            rows in proptest::collection::vec(0usize..30, 1..4), rg in 1usize..9,
+            shuffle in prop_oneof![Just(0usize), 1usize..40], bs in 1usize..7,
+            threads in 0usize..3, slots in 1u32..3, before in 0usize..6, n in 0u64..12,
+            drop_short: bool,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let files = write_shards(dir.path(), &rows, rg);
+            let cat = Arc::new(Catalog::open(&files, None).unwrap());
+            for slot in 0..slots {
+                let slot = Slot::new(slot, slots).unwrap();
+                // Reference: what a reader that drops short batches (drop_last) counts as items.
+                let mut reference = Vec::new();
+                let mut r = Stream::new(cat.clone(), opts(shuffle, 0, 3), slot).unwrap();
+                while let Some(b) = r.next_batch(bs).unwrap() {
+                    if !(drop_short && b.num_rows() < bs) {
+                        reference.push((r.state().epoch, ids(&b)));
+                    }
+                }
+                let mut s = Stream::new(cat.clone(), opts(shuffle, threads, 3), slot).unwrap();
+                let mut got = Vec::new();
+                while got.len() < before {
+                    match s.next_batch(bs).unwrap() {
+                        Some(b) if drop_short && b.num_rows() < bs => {}
+                        Some(b) => got.push((s.state().epoch, ids(&b))),
+                        None => break,
+                    }
+                }
+                let ranges = s.skip(n, bs as u64, drop_short).unwrap();
+                let skipped: u64 = ranges.iter().map(|(_, a, b)| b - a).sum();
+                let cut = (got.len() + n as usize).min(reference.len());
+                let expect_rows: u64 = reference[got.len()..cut]
+                    .iter()
+                    .map(|(_, v)| v.len() as u64)
+                    .sum();
+                // A dropped short batch is skipped too, without counting; at most one per epoch.
+                prop_assert!(skipped >= expect_rows);
+                prop_assert!(ranges.windows(2).all(|w| w[0].0 < w[1].0));
+                while let Some(b) = s.next_batch(bs).unwrap() {
+                    if !(drop_short && b.num_rows() < bs) {
+                        got.push((s.state().epoch, ids(&b)));
+                    }
+                }
+                let mut want = reference[..before.min(reference.len())].to_vec();
+                want.extend_from_slice(&reference[cut.max(want.len())..]);
+                prop_assert_eq!(got, want);
+            }
         }
 
         /// The state after k rows of a batch, computed on row ids alone, equals the state of a

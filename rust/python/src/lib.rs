@@ -66,6 +66,21 @@ impl RawCatalog {
         d.set_item("rows", f.rows)?;
         d.set_item("paths", &f.paths)?;
         d.set_item("content", &f.content)?;
+        d.set_item("buckets", &f.buckets)?;
+        Ok(d)
+    }
+
+    /// Which shards differ from a saved fingerprint's `buckets`:
+    /// `{"added": [rel_path], "changed": [rel_path], "removed_buckets": int}`.
+    fn changes_since<'py>(&self, py: Python<'py>, buckets: &str) -> PyResult<Bound<'py, PyDict>> {
+        let c = self
+            .inner
+            .changes_since(buckets)
+            .map_err(|e| to_py(py, e))?;
+        let d = PyDict::new(py);
+        d.set_item("added", c.added)?;
+        d.set_item("changed", c.changed)?;
+        d.set_item("removed_buckets", c.removed_buckets)?;
         Ok(d)
     }
 
@@ -190,6 +205,27 @@ impl RawStream {
             Ok((st, text, seek))
         })?;
         state_to_py(py, &st, &buffer, seek.as_ref())
+    }
+
+    /// Skip `items` outputs of `item_rows` rows without reading them (see `Stream::skip`);
+    /// returns the skipped `(epoch, start, stop)` position ranges.
+    #[pyo3(signature = (items, item_rows, drop_short=false))]
+    fn skip(
+        &self,
+        py: Python<'_>,
+        items: u64,
+        item_rows: u64,
+        drop_short: bool,
+    ) -> PyResult<Vec<(u64, u64, u64)>> {
+        self.with(py, move |s| s.skip(items, item_rows, drop_short))
+    }
+
+    /// `(epoch, rows emitted in it)` after the last returned row.
+    fn position(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        self.with(py, |s| {
+            let st = s.position();
+            Ok(st)
+        })
     }
 
     fn restore(&self, py: Python<'_>, state: &Bound<'_, PyDict>) -> PyResult<()> {
