@@ -1,0 +1,189 @@
+"""Crash-safe checkpoint files: atomic save, and load of the newest complete checkpoint.
+
+A training job can be killed at any instant (preemption, OOM killer, ``SIGKILL``), including
+in the middle of writing a checkpoint. :func:`save_checkpoint` never leaves a half-written
+file under a checkpoint's name:
+
+1. the payload is written to a temporary file *in the same directory* (same filesystem, so
+   the rename below is atomic), then ``flush`` + ``fsync``;
+2. ``os.replace`` renames it to its final name (atomic on POSIX: a reader sees the old
+   state or the new file, never a mix);
+3. the directory is ``fsync``-ed so the rename itself survives a power loss.
+
+Older checkpoints are pruned only after the new one is durable, so at every instant at least
+one complete checkpoint exists. :func:`load_latest_checkpoint` returns the newest checkpoint
+that loads completely, skipping temporary files left by a killed save and (defensively) any
+file that fails to load.
+
+Files are plain ``torch.save`` files (``pickle`` when torch is not installed), loadable with
+``torch.load(path, weights_only=True)`` without this module::
+
+    from shardstream.checkpoint import load_latest_checkpoint, save_checkpoint
+
+    found = load_latest_checkpoint("ckpt/")
+    if found is not None:
+        step, ckpt, _path = found
+        model.load_state_dict(ckpt["model"])
+        loader.load_state_dict(ckpt["loader"])
+    ...
+    save_checkpoint({"model": model.state_dict(), "loader": loader.state_dict()}, "ckpt/", step)
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+import tempfile
+from collections.abc import Callable
+from typing import IO, Any
+
+__all__ = [
+    "atomic_write",
+    "checkpoint_path",
+    "list_checkpoints",
+    "load_latest_checkpoint",
+    "save_checkpoint",
+]
+
+_TMP_MARK = ".tmp-"
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # pragma: no cover - platforms that cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | Callable[[IO[bytes]], None]) -> None:
+    """Write ``path`` atomically and durably.
+
+    ``data`` is the file's bytes, or a callable that writes them to the binary file object it
+    is given. Either ``path`` keeps its previous content (or stays absent) or it holds all of
+    ``data``, whenever the process dies. A temporary ``.<name>.tmp-*`` file may be left in the
+    directory by a killed write; it is never mistaken for a checkpoint and the next
+    :func:`save_checkpoint` in that directory removes it.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}{_TMP_MARK}", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - exercised only without torch
+        pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
+    else:
+        torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _load(path: str) -> Any:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - exercised only without torch
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    return torch.load(path, weights_only=True)
+
+
+def checkpoint_path(directory: str | os.PathLike[str], step: int, prefix: str = "ckpt") -> str:
+    """The file name :func:`save_checkpoint` uses for ``step``: ``<prefix>-<step:012d>.pt``."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    return os.path.join(os.fspath(directory), f"{prefix}-{step:012d}.pt")
+
+
+def list_checkpoints(directory: str | os.PathLike[str], prefix: str = "ckpt") -> list[int]:
+    """Steps of the checkpoint files in ``directory`` (ascending; temporary files excluded)."""
+    pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)\.pt$")
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := pattern.match(n)))
+
+
+def save_checkpoint(
+    obj: Any,
+    directory: str | os.PathLike[str],
+    step: int,
+    *,
+    prefix: str = "ckpt",
+    keep: int = 2,
+    write: Callable[[IO[bytes], bytes], None] | None = None,
+) -> str:
+    """Save ``obj`` (``torch.save`` format) as the checkpoint of ``step``, atomically.
+
+    Keeps the newest ``keep`` checkpoints (>= 1) and removes older ones and stale temporary
+    files, only after the new file is durable. ``write(file, payload)`` replaces the plain
+    ``file.write(payload)`` (for throttling or fault injection); it must write all of
+    ``payload``. Returns the checkpoint's path.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep!r}")
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    path = checkpoint_path(directory, step, prefix)
+    payload = _dumps(obj)
+    if write is None:
+        atomic_write(path, payload)
+    else:
+        atomic_write(path, lambda f: write(f, payload))
+    for old in list_checkpoints(directory, prefix)[:-keep]:
+        _remove(checkpoint_path(directory, old, prefix))
+    for n in os.listdir(directory):
+        if n.startswith(f".{prefix}-") and _TMP_MARK in n:
+            _remove(os.path.join(directory, n))
+    return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def load_latest_checkpoint(
+    directory: str | os.PathLike[str], prefix: str = "ckpt"
+) -> tuple[int, Any, str] | None:
+    """``(step, obj, path)`` of the newest checkpoint in ``directory`` that loads completely,
+    or ``None`` if there is none. A file that fails to load (which an atomic save never
+    produces, but a damaged disk might) is skipped in favour of the next older one."""
+    for step in reversed(list_checkpoints(directory, prefix)):
+        path = checkpoint_path(directory, step, prefix)
+        try:
+            return step, _load(path), path
+        except FileNotFoundError:  # pruned by a concurrent save
+            continue
+        except Exception:  # noqa: BLE001 - a damaged file: fall back to an older one
+            continue
+    return None
