@@ -241,3 +241,45 @@ def test_sigkill_soak(tmp_path):
     print(f"\nsigkill soak: {summary}")
     assert kills >= kills_wanted
     assert during_save > 0, "no kill landed inside a save: the soak is not testing the saves"
+
+
+# ------------------------------------------------------------------ the checkpoint helper
+
+
+def test_checkpoint_helper_basics(tmp_path):
+    from shardstream.checkpoint import atomic_write, checkpoint_path, save_checkpoint
+
+    d = tmp_path / "ck"
+    assert load_latest_checkpoint(str(d)) is None
+    for step in (5, 10, 15):
+        save_checkpoint({"step": step}, str(d), step, keep=2)
+    assert list_checkpoints(str(d)) == [10, 15]  # pruned to the newest two
+    step, obj, path = load_latest_checkpoint(str(d))
+    assert (step, obj, path) == (15, {"step": 15}, checkpoint_path(str(d), 15))
+    # a temporary file left by a killed save is never taken for a checkpoint...
+    (d / ".ckpt-000000000020.pt.tmp-abc").write_bytes(b"half a checkpoint")
+    assert load_latest_checkpoint(str(d))[0] == 15
+    # ...and the next save removes it
+    save_checkpoint({"step": 20}, str(d), 20)
+    assert not [n for n in os.listdir(d) if ".tmp-" in n]
+    # a damaged newest file (not something an atomic save leaves) falls back to the previous
+    with open(checkpoint_path(str(d), 20), "r+b") as f:
+        f.truncate(10)
+    assert load_latest_checkpoint(str(d))[:2] == (15, {"step": 15})
+
+    # a write that fails midway leaves the previous content and no temporary file
+    target = tmp_path / "file.bin"
+    atomic_write(str(target), b"old")
+
+    def boom(f):
+        f.write(b"new, partial")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(str(target), boom)
+    assert target.read_bytes() == b"old"
+    assert os.listdir(tmp_path / "ck") and sorted(os.listdir(tmp_path)) == ["ck", "file.bin"]
+    with pytest.raises(ValueError):
+        save_checkpoint({}, str(d), -1)
+    with pytest.raises(ValueError):
+        save_checkpoint({}, str(d), 1, keep=0)
