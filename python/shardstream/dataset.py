@@ -371,7 +371,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             (p.slot, p.position) for p in parsed if p.slot is not None and p.position is not None
         ]
         if any(p.changed for p in parsed):
-            pending = [(slot, self._carry_over(slot, pos, first_epochs[0])) for slot, pos in pending]
+            pending = [
+                (slot, self._carry_over(slot, pos, first_epochs[0])) for slot, pos in pending
+            ]
         # Full validation now (rows, buffers, epochs), not at the first next(): fail early.
         if len(pending) == 1:
             probe = self._new_stream(pending[0][0], first_epoch=first_epochs[0], probe=True)

@@ -46,11 +46,51 @@ pub struct Shard {
     /// SHA-256 (truncated) of the raw footer bytes: changes with almost any rewrite of the file
     /// (statistics, page offsets and sizes are in it), even one that keeps size and row counts.
     pub footer_digest: [u8; 16],
-    pub(crate) meta: ArrowReaderMetadata,
-    /// Projection of the requested columns in this file's own column order.
-    pub(crate) mask: ProjectionMask,
+    /// Modification time (ns since the epoch) when the footer was read: what the metadata
+    /// sidecar is checked against (never part of the fingerprint: copies change it).
+    pub mtime_ns: u64,
+    /// Digest of the file's Arrow schema: shards with equal digests share one projection.
+    pub schema_digest: [u8; 16],
+    /// The file's Arrow schema (from its footer, or from another shard with the same digest).
+    pub(crate) schema: SchemaRef,
+    /// Parsed footer: read at open, or on first use for shards known from the sidecar.
+    meta: OnceLock<ArrowReaderMetadata>,
+    /// Root columns to read, sorted (this file's own column order).
+    pub(crate) roots: Vec<usize>,
     /// For each requested column, its position among the projected columns of this file.
     pub(crate) reorder: Vec<usize>,
+}
+
+impl Shard {
+    /// The parsed footer, read now if the catalog came from the sidecar. A file that no longer
+    /// matches what the catalog recorded (size, footer bytes) is an error naming it: reading it
+    /// would silently change the stream.
+    pub(crate) fn reader_meta(&self) -> Result<&ArrowReaderMetadata> {
+        if let Some(m) = self.meta.get() {
+            return Ok(m);
+        }
+        let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let size = file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+        let digest = footer_digest(&file, size).map_err(|e| Error::io(&self.path, e))?;
+        if size != self.size || digest != self.footer_digest {
+            return Err(Error::shard(
+                &self.path,
+                format!(
+                    "changed since its metadata was indexed (size {} -> {size} bytes or footer \
+                     differs): rerun `shardstream index` or delete {}",
+                    self.size,
+                    crate::index::INDEX_FILE
+                ),
+            ));
+        }
+        let meta = load_meta(&file, &self.path)?;
+        Ok(self.meta.get_or_init(|| meta))
+    }
+
+    /// Projection of the requested columns for this file's footer.
+    pub(crate) fn mask(&self, meta: &ArrowReaderMetadata) -> ProjectionMask {
+        ProjectionMask::roots(meta.parquet_schema(), self.roots.iter().copied())
+    }
 }
 
 /// A digest of the shard set: what a saved state must match to be loaded.
@@ -98,7 +138,7 @@ impl Catalog {
     pub fn open(sources: &[String], columns: Option<&[String]>) -> Result<Self> {
         let paths = resolve_sources(sources)?;
         let root = common_root(&paths);
-        let mut shards = read_footers(&paths, &root)?;
+        let mut shards = crate::index::open_shards(&paths, &root)?;
         let mut first_row = 0u64;
         for shard in &mut shards {
             shard.first_row = first_row;
@@ -268,7 +308,7 @@ fn common_root(paths: &[PathBuf]) -> PathBuf {
 /// (open, stat, two reads), not by parsing, so a few threads per core hide it.
 const FOOTER_THREADS: usize = 16;
 
-fn read_footers(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>> {
+pub(crate) fn read_footers(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>> {
     let threads = FOOTER_THREADS.min(paths.len()).max(1);
     if threads == 1 {
         return paths.iter().map(|p| read_footer(p, root)).collect();
@@ -332,13 +372,105 @@ fn read_footers(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>> {
     Ok(out)
 }
 
-fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+fn load_meta(file: &File, path: &Path) -> Result<ArrowReaderMetadata> {
     // Only the offset index is needed to skip pages on seek; the column index (statistics) is not.
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-    let meta = ArrowReaderMetadata::load(&file, options)
-        .map_err(|e| Error::shard(path, format!("not a readable Parquet file: {e}")))?;
+    ArrowReaderMetadata::load(file, options)
+        .map_err(|e| Error::shard(path, format!("not a readable Parquet file: {e}")))
+}
+
+pub(crate) fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+pub(crate) fn schema_digest(schema: &Schema) -> [u8; 16] {
+    let d = Sha256::digest(format!("{:?}", schema.fields()).as_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
+/// The relative path a shard is known by (fingerprint, sidecar).
+pub(crate) fn rel_path(path: &Path, root: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .replace('\\', "/")
+}
+
+/// A shard known from the sidecar: everything but the parsed footer, which is read on first use.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn indexed_shard(
+    path: PathBuf,
+    rel_path: String,
+    size: u64,
+    mtime_ns: u64,
+    row_groups: Vec<RowGroupInfo>,
+    has_offset_index: bool,
+    footer_digest: [u8; 16],
+    schema_digest: [u8; 16],
+) -> Shard {
+    Shard {
+        path,
+        rel_path,
+        size,
+        num_rows: row_groups.iter().map(|r| r.num_rows).sum(),
+        first_row: 0,
+        row_groups,
+        has_offset_index,
+        footer_digest,
+        mtime_ns,
+        schema_digest,
+        schema: Arc::new(Schema::empty()), // set from its schema group's representative
+        meta: OnceLock::new(),
+        roots: Vec::new(),
+        reorder: Vec::new(),
+    }
+}
+
+/// Give every shard its Arrow schema: shards whose footer was not read take it from the first
+/// shard of the same schema digest, reading one footer per digest that has none yet.
+pub(crate) fn fill_schemas(shards: &mut [Shard]) -> Result<()> {
+    let mut known: std::collections::HashMap<[u8; 16], SchemaRef> = Default::default();
+    for s in shards.iter() {
+        if s.meta.get().is_some() {
+            known
+                .entry(s.schema_digest)
+                .or_insert_with(|| s.schema.clone());
+        }
+    }
+    for s in shards.iter_mut() {
+        let schema = match known.get(&s.schema_digest) {
+            Some(schema) => schema.clone(),
+            None => {
+                let schema = s.reader_meta()?.schema().clone();
+                if schema_digest(&schema) != s.schema_digest {
+                    return Err(Error::shard(
+                        &s.path,
+                        format!(
+                            "schema differs from its indexed digest: rerun `shardstream index` or \
+                             delete {}",
+                            crate::index::INDEX_FILE
+                        ),
+                    ));
+                }
+                known.insert(s.schema_digest, schema.clone());
+                schema
+            }
+        };
+        s.schema = schema;
+    }
+    Ok(())
+}
+
+fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    let size = fs_meta.len();
+    let meta = load_meta(&file, path)?;
     let md = meta.metadata();
     let mut row_groups = Vec::with_capacity(md.num_row_groups());
     let mut rows = 0u64;
@@ -373,11 +505,8 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     }
     let has_offset_index = md.offset_index().is_some_and(|oi| !oi.is_empty());
     let footer_digest = footer_digest(&file, size).map_err(|e| Error::io(path, e))?;
-    let rel_path = path
-        .strip_prefix(root)
-        .unwrap_or(path)
-        .to_string_lossy()
-        .replace('\\', "/");
+    let rel_path = rel_path(path, root);
+    let schema = meta.schema().clone();
     Ok(Shard {
         path: path.to_path_buf(),
         rel_path,
@@ -387,9 +516,12 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
         row_groups,
         has_offset_index,
         footer_digest,
-        mask: ProjectionMask::all(),
+        mtime_ns: mtime_ns(&fs_meta),
+        schema_digest: schema_digest(&schema),
+        schema,
+        meta: OnceLock::from(meta),
+        roots: Vec::new(),
         reorder: Vec::new(),
-        meta,
     })
 }
 
@@ -399,7 +531,7 @@ fn project(shards: &mut [Shard], columns: Option<&[String]>) -> Result<SchemaRef
     let Some(first) = shards.first() else {
         return Ok(Arc::new(Schema::empty()));
     };
-    let first_schema = first.meta.schema().clone();
+    let first_schema = first.schema.clone();
     let first_path = first.path.display().to_string();
     let names: Vec<String> = match columns {
         Some(cols) => {
@@ -432,7 +564,7 @@ fn project(shards: &mut [Shard], columns: Option<&[String]>) -> Result<SchemaRef
         fields.push(f.as_ref().clone().with_metadata(Default::default()));
     }
     for shard in shards.iter_mut() {
-        let schema = shard.meta.schema().clone();
+        let schema = shard.schema.clone();
         let path = shard.path.display().to_string();
         if columns.is_none() {
             if let Some(extra) = schema.fields().iter().find(|f| !names.contains(f.name())) {
@@ -468,7 +600,7 @@ fn project(shards: &mut [Shard], columns: Option<&[String]>) -> Result<SchemaRef
             .iter()
             .map(|r| sorted.binary_search(r).expect("root is in the sorted list"))
             .collect();
-        shard.mask = ProjectionMask::roots(shard.meta.parquet_schema(), sorted);
+        shard.roots = sorted;
     }
     Ok(Arc::new(Schema::new(fields)))
 }

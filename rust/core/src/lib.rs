@@ -2,6 +2,7 @@
 //!
 //! The data path, one module per concept:
 //! - [`catalog`]: resolve sources, read footers once, check schemas, fingerprint the shard set.
+//! - [`index`]: the metadata sidecar that lets large shard sets open without reading footers.
 //! - [`plan`]: the order of an epoch (row groups, permuted per epoch) cut into slots.
 //! - [`reader`]: read a run of rows of one row group — where resume seeks.
 //! - [`prefetch`]: readahead threads decoding the next pieces in order.
@@ -16,6 +17,7 @@
 pub mod catalog;
 pub mod elastic;
 pub mod error;
+pub mod index;
 pub mod plan;
 pub mod prefetch;
 pub mod reader;

@@ -91,9 +91,10 @@ fn open_row_group(
     batch_rows: usize,
 ) -> Result<ParquetRecordBatchReader> {
     let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
-    ParquetRecordBatchReaderBuilder::new_with_metadata(file, shard.meta.clone())
+    let meta = shard.reader_meta()?;
+    ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
         .with_row_groups(vec![row_group])
-        .with_projection(shard.mask.clone())
+        .with_projection(shard.mask(meta))
         .with_row_selection(RowSelection::from(selection))
         .with_batch_size(batch_rows.max(1))
         .build()

@@ -70,6 +70,13 @@ impl RawCatalog {
         Ok(d)
     }
 
+    /// Write the metadata sidecar into the dataset root; returns its path.
+    fn write_index(&self, py: Python<'_>) -> PyResult<String> {
+        let cat = self.inner.clone();
+        let path = detach(py, move || shardstream_core::index::write(&cat))?;
+        Ok(path.display().to_string())
+    }
+
     /// Which shards differ from a saved fingerprint's `buckets`:
     /// `{"added": [rel_path], "changed": [rel_path], "removed_buckets": int}`.
     fn changes_since<'py>(&self, py: Python<'py>, buckets: &str) -> PyResult<Bound<'py, PyDict>> {

@@ -1,0 +1,103 @@
+"""The metadata sidecar (``shardstream index``): same catalog, stream and fingerprint as reading
+every footer; stale entries fall back to the footer; files changed behind a matching entry are
+errors naming them; states move freely between runs with and without the sidecar."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from harness import keys_of, take
+from shardstream import ParquetStream, ShardError, datagen, index
+
+SETTINGS = dict(columns=["id", "tokens"], batch_size=7, output="numpy", shuffle_buffer=40, seed=6)
+
+
+@pytest.fixture()
+def data(tmp_path):
+    root = tmp_path / "d"
+    datagen.write_shards(root / "a", num_shards=3, rows_per_shard=[50, 0, 33], seed=2)
+    datagen.write_shards(root / "b", num_shards=2, rows_per_shard=41, seed=3, start_id=83)
+    return root
+
+
+def _ids(root, **kw):
+    return keys_of(ParquetStream(str(root), **{**SETTINGS, **kw}), True)
+
+
+def test_sidecar_gives_the_same_stream_and_fingerprint(data):
+    plain = ParquetStream(str(data), **SETTINGS)
+    expect, fp = _ids(data), plain.catalog.fingerprint()
+    path = index.write_index(str(data))
+    assert path == index.sidecar_path(str(data)) and os.path.exists(path)
+    with open(path) as f:
+        side = json.load(f)
+    assert [e["path"] for e in side["shards"]] == [os.path.relpath(p, data) for p in plain.shards]
+    ds = ParquetStream(str(data), **SETTINGS)
+    assert ds.catalog.fingerprint() == fp
+    assert keys_of(ds, True) == expect
+    assert ds.num_rows == plain.num_rows == 50 + 33 + 82
+
+
+def test_states_cross_between_runs_with_and_without_sidecar(data):
+    ds = ParquetStream(str(data), **SETTINGS)
+    it = iter(ds)
+    head = keys_of(take(it, 5), True)
+    state = ds.state_dict()
+    rest = keys_of(it, True)
+    index.write_index(str(data))
+    resumed = ParquetStream(str(data), **SETTINGS)
+    resumed.load_state_dict(state)
+    assert keys_of(resumed, True) == rest
+
+
+def test_stale_entries_fall_back_to_footers(data):
+    index.write_index(str(data))
+    # Add a shard and replace another (new mtime and size): both are read from their footers.
+    datagen.write_shards(data / "c", num_shards=1, rows_per_shard=9, start_id=500)
+    datagen.write_shards(data / "a", num_shards=1, rows_per_shard=[51], seed=2)
+    os.remove(data / "b" / "shard-00001.parquet")
+    got = _ids(data)
+    os.remove(index.sidecar_path(str(data)))
+    assert got == _ids(data)
+
+
+def test_file_changed_behind_a_matching_entry_is_named(data):
+    index.write_index(str(data))
+    victim = data / "b" / "shard-00001.parquet"
+    st = os.stat(victim)
+    raw = bytearray(victim.read_bytes())
+    raw[-20] ^= 0x5A  # footer bytes; size and mtime restored below
+    victim.write_bytes(bytes(raw))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    ds = ParquetStream(str(data), **{**SETTINGS, "shuffle_buffer": 0})
+    with pytest.raises(ShardError, match=r"shard-00001\.parquet.*shardstream index"):
+        keys_of(ds, True)
+
+
+def test_malformed_sidecar_is_a_clear_error(data):
+    with open(index.sidecar_path(str(data)), "w") as f:
+        f.write('{"format": "shardstream.index", "version": 99, "shards": []}')
+    with pytest.raises(ValueError, match="_shardstream_index.json"):
+        ParquetStream(str(data))
+
+
+def test_cli_index(data):
+    out = subprocess.run(
+        [sys.executable, "-m", "shardstream", "index", str(data), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    info = json.loads(out.stdout)
+    assert info["shards"] == 5 and info["rows"] == 165
+    assert info["index"] == index.sidecar_path(str(data))
+    bad = subprocess.run(
+        [sys.executable, "-m", "shardstream", "index", str(data / "nope")],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "nope" in bad.stderr and "Traceback" not in bad.stderr
