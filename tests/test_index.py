@@ -48,6 +48,7 @@ def test_states_cross_between_runs_with_and_without_sidecar(data):
     head = keys_of(take(it, 5), True)
     state = ds.state_dict()
     rest = keys_of(it, True)
+    assert head + rest == _ids(data)
     index.write_index(str(data))
     resumed = ParquetStream(str(data), **SETTINGS)
     resumed.load_state_dict(state)

@@ -5,8 +5,6 @@
   report. Length: ``SHARDSTREAM_FUZZ_EXAMPLES`` cases (default 1500) or
   ``SHARDSTREAM_FUZZ_SECONDS`` (default 45) whichever comes first; seed
   ``SHARDSTREAM_FUZZ_SEED`` (default fixed, so CI is reproducible; ``random`` for a fresh one).
-  ``SHARDSTREAM_FUZZ_STRICT=1`` turns the known bugs listed in README "Reliability" into
-  failures.
 * ``test_hostile_states`` mutates real ``state_dict()`` output with hypothesis (ints, types,
   keys, base64 buffers, fields swapped between real states or taken from another dataset's
   state, wrong versions, nested garbage) and loads it: the load either raises ``StateError``
@@ -67,8 +65,6 @@ def test_byte_fuzz(tmp_path):
     ]
     if seed != "random":
         cmd += ["--seed", seed]
-    if os.environ.get("SHARDSTREAM_FUZZ_STRICT") == "1":
-        cmd.append("--strict")
     env = dict(os.environ, RUST_BACKTRACE="0")
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=seconds + 600, env=env, check=False
@@ -151,6 +147,8 @@ def _leaves(state: Any) -> list[tuple]:
 def _set(obj: Any, path: tuple, value: Any) -> None:
     for p in path[:-1]:
         obj = obj[p]
+    if isinstance(obj, tuple):
+        return  # inside a tuple an earlier "type" mutation put there: immutable, left as is
     obj[path[-1]] = value
 
 

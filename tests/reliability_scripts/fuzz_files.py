@@ -269,7 +269,6 @@ class Violation(AssertionError):
     pass
 
 
-STRICT = False  # --strict: the known bugs below are violations too
 COUNTS: collections.Counter[str] = collections.Counter()
 # Full validation messages about a value's range (not the batch's structure: offsets, buffer
 # sizes, UTF-8, dictionary indices), which corrupt-but-decodable data legitimately produces.
@@ -284,28 +283,13 @@ def _check_error(e: BaseException, path: str, stage: str, allow_state: bool) -> 
         raise Violation(f"{stage}: a non-Exception escaped: {type(e).__mro__}: {e!r}")
     msg = str(e)
     if isinstance(e, ShardstreamError) and "internal error" in msg:
-        # Known bug 1 (README "Reliability"): a decoder panic caught at the FFI boundary: no
-        # crash, but an "internal error" that is not a ShardError and does not name the file.
-        if STRICT:
-            raise Violation(f"{stage}: internal error (a caught panic): {msg}")
-        return "known bug: caught panic (internal error, file not named)"
-    if "C Data interface error" in msg and not STRICT:
-        # Known bug 3 (README "Reliability"): a column name the Arrow C Data interface cannot
-        # export (a NUL byte in it) raises a bare Exception that does not name the file.
-        return "known bug: C Data interface export error (file not named)"
+        # A decoder panic must come back as a ShardError naming the file (error::shard_guard).
+        raise Violation(f"{stage}: internal error (a caught panic): {msg}")
     if allow_state and isinstance(e, StateError):
         return "StateError"
     if os.path.basename(path) not in msg:
         raise Violation(f"{stage}: {name} does not name the file: {msg!r}")
     return name
-
-
-def _json_utf8(rb: Any, msg: str) -> bool:
-    """Is the validation error invalid UTF-8 in a column written with the JSON logical type?"""
-    import re
-
-    m = re.search(r"In column (\d+): Invalid: Invalid UTF8", msg)
-    return bool(m) and rb.schema.field(int(m.group(1))).name == "json"
 
 
 def run_shardstream(path: str, mode: str, k: int, states: dict) -> tuple[str, Any]:
@@ -323,12 +307,6 @@ def run_shardstream(path: str, mode: str, k: int, states: dict) -> tuple[str, An
             try:
                 rb.validate(full=True)
             except Exception as e:  # noqa: BLE001
-                if _json_utf8(rb, str(e)) and not STRICT:
-                    # Known bug 2 (README "Reliability"): arrow-rs skips UTF-8 validation for
-                    # the JSON logical type, so invalid bytes reach a string column.
-                    COUNTS["known bug: invalid UTF-8 in a JSON column"] += 1
-                    batches.append(rb)
-                    continue
                 if not any(m in str(e) for m in SEMANTIC_INVALID):
                     raise Violation(f"shardstream returned an invalid Arrow batch: {e}") from None
                 # A corrupt value decoded as is (pyarrow decodes the same bytes the same way):
@@ -405,15 +383,7 @@ def main() -> int:
     ap.add_argument("--mem-gib", type=float, default=4.0)
     ap.add_argument("--report", required=True)
     ap.add_argument("--replay", help="a current.json to run once (repro)")
-    ap.add_argument(
-        "--strict",
-        action="store_true",
-        help="the known bugs (caught panics reported as unnamed internal errors, invalid "
-        "UTF-8 from JSON columns) are violations too",
-    )
     args = ap.parse_args()
-    global STRICT
-    STRICT = args.strict
 
     sys.path.insert(0, os.path.join(TESTS_DIR, "reliability_scripts"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")

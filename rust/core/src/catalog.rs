@@ -17,7 +17,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::PageIndexPolicy;
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use crate::error::{shard_guard, Error, Result};
 
 /// One row group of one shard.
 #[derive(Debug, Clone)]
@@ -83,7 +83,7 @@ impl Shard {
                 ),
             ));
         }
-        let meta = load_meta(&file, &self.path)?;
+        let meta = shard_guard(&self.path, || load_meta(&file, &self.path))?;
         Ok(self.meta.get_or_init(|| meta))
     }
 
@@ -311,7 +311,10 @@ const FOOTER_THREADS: usize = 16;
 pub(crate) fn read_footers(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>> {
     let threads = FOOTER_THREADS.min(paths.len()).max(1);
     if threads == 1 {
-        return paths.iter().map(|p| read_footer(p, root)).collect();
+        return paths
+            .iter()
+            .map(|p| shard_guard(p, || read_footer(p, root)))
+            .collect();
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut slots: Vec<OnceLock<Result<Shard>>> =
@@ -324,18 +327,7 @@ pub(crate) fn read_footers(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>>
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(path) = paths.get(i) else { break };
                     // A panic in the footer parser must name the file, not kill the thread.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        read_footer(path, root)
-                    }))
-                    .unwrap_or_else(|p| {
-                        Err(Error::shard(
-                            path,
-                            format!(
-                                "the Parquet footer reader panicked: {}",
-                                crate::error::panic_message(&*p)
-                            ),
-                        ))
-                    });
+                    let r = shard_guard(path, || read_footer(path, root));
                     let failed = r.is_err();
                     let _ = slots[i].set(r);
                     if failed {
@@ -561,6 +553,13 @@ fn project(shards: &mut [Shard], columns: Option<&[String]>) -> Result<SchemaRef
                     .collect::<Vec<_>>()
             ))
         })?;
+        if let Some(bad) = nul_name(f) {
+            return Err(Error::Schema(format!(
+                "column {bad:?} in {first_path} has a NUL byte in its name: Arrow's C data \
+                 interface (how batches reach Python) cannot carry it; rename the column or \
+                 leave it out with columns=[...]"
+            )));
+        }
         fields.push(f.as_ref().clone().with_metadata(Default::default()));
     }
     for shard in shards.iter_mut() {
@@ -603,6 +602,29 @@ fn project(shards: &mut [Shard], columns: Option<&[String]>) -> Result<SchemaRef
         shard.roots = sorted;
     }
     Ok(Arc::new(Schema::new(fields)))
+}
+
+/// The first field name (this one or nested) containing a NUL byte.
+fn nul_name(f: &Field) -> Option<String> {
+    if f.name().contains('\0') {
+        return Some(f.name().clone());
+    }
+    let children: Vec<&Field> = match f.data_type() {
+        DataType::List(c)
+        | DataType::LargeList(c)
+        | DataType::ListView(c)
+        | DataType::LargeListView(c)
+        | DataType::FixedSizeList(c, _)
+        | DataType::Map(c, _) => vec![c.as_ref()],
+        DataType::Struct(fs) => fs.iter().map(|c| c.as_ref()).collect(),
+        DataType::Union(fs, _) => fs.iter().map(|(_, c)| c.as_ref()).collect(),
+        DataType::Dictionary(_, v) => {
+            return nul_name(&Field::new("v", v.as_ref().clone(), true));
+        }
+        DataType::RunEndEncoded(a, b) => vec![a.as_ref(), b.as_ref()],
+        _ => vec![],
+    };
+    children.into_iter().find_map(nul_name)
 }
 
 /// Types must match exactly (including nested field names): batches from different shards are

@@ -70,3 +70,18 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "unknown panic".into())
 }
+
+/// Run `f`, which reads shard `path`, turning a panic into a [`Error::Shard`] naming the file.
+/// arrow-rs panics on some corrupt inputs (bit widths, out-of-range indices in page data or
+/// headers): that is bad data in one file, and the user must learn which one.
+pub(crate) fn shard_guard<T>(path: &std::path::Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        Err(Error::shard(
+            path,
+            format!(
+                "corrupt data: the Parquet decoder failed ({})",
+                panic_message(&*payload)
+            ),
+        ))
+    })
+}

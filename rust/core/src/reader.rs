@@ -16,7 +16,7 @@ use parquet::arrow::arrow_reader::{
 };
 
 use crate::catalog::{Catalog, Shard};
-use crate::error::{Error, Result};
+use crate::error::{shard_guard, Error, Result};
 use crate::plan::Segment;
 
 /// Reads one [`Segment`] as record batches in the catalog's output schema.
@@ -36,7 +36,9 @@ impl SegmentReader {
             RowSelector::select(seg.len as usize),
         ];
         let shard = catalog.shard(seg.shard);
-        let inner = open_row_group(shard, seg.row_group, selection, batch_rows)?;
+        let inner = shard_guard(&shard.path, || {
+            open_row_group(shard, seg.row_group, selection, batch_rows)
+        })?;
         Ok(SegmentReader {
             shard: seg.shard,
             catalog,
@@ -53,7 +55,9 @@ impl SegmentReader {
             return Ok(None);
         }
         let shard = self.catalog.shard(self.shard);
-        let batch = match self.inner.next() {
+        let inner = &mut self.inner;
+        let next = shard_guard(&shard.path, || Ok(inner.next()))?;
+        let batch = match next {
             Some(b) => b.map_err(|e| {
                 Error::shard(&shard.path, format!("row group {}: {e}", self.row_group))
             })?,
@@ -103,11 +107,26 @@ fn open_row_group(
 
 /// Reorder a file's projected columns into the requested order under the output schema.
 fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
-    let cols = shard
+    let cols: Vec<_> = shard
         .reorder
         .iter()
         .map(|&i| batch.column(i).clone())
         .collect();
+    for (col, field) in cols.iter().zip(catalog.schema().fields()) {
+        // arrow-rs validates UTF-8 for STRING columns but not for JSON ones (also read as
+        // utf8): invalid bytes would reach Python as a broken array. Check every string column.
+        if matches!(
+            col.data_type(),
+            arrow_schema::DataType::Utf8 | arrow_schema::DataType::LargeUtf8
+        ) {
+            col.to_data().validate_values().map_err(|e| {
+                Error::shard(
+                    &shard.path,
+                    format!("column {:?}: invalid string data: {e}", field.name()),
+                )
+            })?;
+        }
+    }
     RecordBatch::try_new(catalog.schema().clone(), cols)
         .map_err(|e| Error::shard(&shard.path, format!("unexpected column data: {e}")))
 }
@@ -183,6 +202,18 @@ fn read_group(
     batch_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
     let shard = catalog.shard(s);
+    shard_guard(&shard.path, || {
+        read_group_inner(catalog, shard, g, ids, batch_rows)
+    })
+}
+
+fn read_group_inner(
+    catalog: &Catalog,
+    shard: &Shard,
+    g: usize,
+    ids: &[u64],
+    batch_rows: usize,
+) -> Result<Vec<RecordBatch>> {
     let rg_first = shard.first_row + shard.row_groups[g].first_row;
     let mut selection = Vec::new();
     let mut at = 0u64; // next row (relative to the row group) not yet covered by a selector

@@ -487,6 +487,13 @@ fn state_from_py(py: Python<'_>, d: &Bound<'_, PyDict>) -> PyResult<SlotState> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Panics are caught and raised as exceptions carrying their message (error.rs, and
+    // ShardError naming the file for decoder panics on corrupt data), so the default hook's
+    // stderr report is noise in a training log. This hook belongs to this extension's copy of
+    // std only; SHARDSTREAM_DEBUG_PANICS=1 prints them again.
+    if std::env::var_os("SHARDSTREAM_DEBUG_PANICS").is_none() {
+        std::panic::set_hook(Box::new(|_| {}));
+    }
     m.add_class::<RawCatalog>()?;
     m.add_class::<RawStream>()?;
     Ok(())
