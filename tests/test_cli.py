@@ -258,7 +258,7 @@ def _loader_state(d: str, workers: int = 2, batches: int = 7) -> dict:
     return st
 
 
-def test_state_torch_checkpoint_with_matching_source(tmp_path, pi_data):
+def test_state_torch_checkpoint_with_matching_source(tmp_path, capsys, pi_data):
     loader_state = _loader_state(pi_data)
     ckpt = tmp_path / "ckpt.pt"
     torch.save({"model": {"w": torch.zeros(4)}, "loader": loader_state, "step": 7}, ckpt)
@@ -285,11 +285,11 @@ def test_state_torch_checkpoint_with_matching_source(tmp_path, pi_data):
         assert got["fingerprint"] == st["fingerprint"]
         assert got["settings"] == st["settings"]
     # Text output: one block per state, "matches", exit 0.
-    proc = run_cli("state", str(ckpt), "--source", pi_data)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("source       matches") == 2
-    assert "state 2 of 2" in proc.stdout and "rows yielded this epoch" in proc.stdout
-    assert "can be loaded" in proc.stdout
+    rc, out, err = main_rc(capsys, "state", str(ckpt), "--source", pi_data)
+    assert rc == 0, err
+    assert out.count("source       matches") == 2
+    assert "state 2 of 2" in out and "rows yielded this epoch" in out
+    assert "can be loaded" in out
 
 
 def test_state_json_with_other_source_exits_1(tmp_path, capsys, pi_data, nopi_data):
@@ -478,19 +478,21 @@ def test_progress_only_on_a_tty():
         assert "3 shards" in bar.line()
 
 
-def test_bench_quick_table_and_json():
-    proc = run_cli("bench", "--rows", "20000", "--shards", "2", "--repeat", "1")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""  # stderr is a pipe: no progress bar
-    out = proc.stdout
-    for needle in ("benchmark", "shardstream", "pyarrow", "iterate", "resume at 50%", "state_dict"):
-        assert needle in out
+def test_bench_quick_table_and_json(capsys):
     proc = run_cli("bench", "--rows", "8000", "--shards", "2", "--repeat", "1", "--json")
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # stderr is a pipe: no progress bar
     res = json.loads(proc.stdout)
     assert res["rows"] == 8000 and res["iterate"]["shardstream_rows_s"] > 0
+    assert res["iterate"]["pyarrow_rows_s"] > 0
     assert [r["at"] for r in res["resume"]] == [0.5, 0.9]
-    assert_clean_error(run_cli("bench", "--rows", "1", "--shards", "2"), 2, "--shards")
+    assert all(r["shardstream_s"] > 0 and r["pyarrow_skip_s"] > 0 for r in res["resume"])
+    rc, out, err = main_rc(capsys, "bench", "--rows", "4000", "--shards", "2", "--repeat", "1")
+    assert rc == 0 and err == ""
+    for needle in ("benchmark", "shardstream", "pyarrow", "iterate", "resume at 50%", "state_dict"):
+        assert needle in out
+    rc, _, err = main_rc(capsys, "bench", "--rows", "1", "--shards", "2")
+    assert rc == 2 and "--shards" in err
 
 
 def test_demo_runs_via_the_cli(tmp_path):
