@@ -321,7 +321,8 @@ def load_state_file(path: str) -> tuple[Any, str]:
     except OSError as e:
         raise CliError(f"{path}: cannot read: {e.strerror or e}") from None
     if head.startswith(b"PK\x03\x04"):  # torch.save's zip format
-        return _torch_load(path), "torch.save"
+        # mmap: tensors of a large training checkpoint are mapped, not read.
+        return _torch_load(path, mmap=True), "torch.save"
     if head.lstrip()[:1] in (b"{", b"["):
         try:
             with open(path, encoding="utf-8") as f:
@@ -345,13 +346,13 @@ def load_state_file(path: str) -> tuple[Any, str]:
     )
 
 
-def _torch_load(path: str) -> Any:
+def _torch_load(path: str, mmap: bool = False) -> Any:
     try:
         import torch
     except ImportError:
         raise CliError(f"{path}: a torch.save file; reading it needs torch installed") from None
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CliError(f"{path}: torch.load(weights_only=True) failed: {first[:300]}") from None
