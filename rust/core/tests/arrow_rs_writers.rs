@@ -209,7 +209,7 @@ fn ids(batches: &[RecordBatch]) -> Vec<i64> {
 /// Output rows reordered by id, as one batch (to compare a shuffled epoch with the written rows).
 fn by_id(batches: &[RecordBatch]) -> RecordBatch {
     let all = arrow_select::concat::concat_batches(&batches[0].schema(), batches).unwrap();
-    let ids = ids(&[all.clone()]);
+    let ids = ids(std::slice::from_ref(&all));
     let mut order: Vec<u32> = (0..ids.len() as u32).collect();
     order.sort_by_key(|&i| ids[i as usize]);
     arrow_select::take::take_record_batch(&all, &arrow_array::UInt32Array::from(order)).unwrap()
