@@ -47,5 +47,7 @@ def sidecar_path(root: str | os.PathLike[str]) -> str:
 def write_index(source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> str:
     """Read every footer of ``source`` (file, directory, glob or a list) and write the sidecar
     into the dataset root, atomically. Returns its path."""
-    items = list(source) if isinstance(source, (list, tuple)) else [source]
+    items: list[str | os.PathLike[str]] = (
+        list(source) if isinstance(source, (list, tuple)) else [source]  # type: ignore[list-item]
+    )
     return RawCatalog([os.fspath(s) for s in items]).write_index()
