@@ -73,6 +73,11 @@ def _one_even(pending: list[tuple[_state.Slot, dict[str, Any]]]) -> str:
     return evens.pop()
 
 
+def _check_count(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
 def _union_skips(records: Any) -> list[dict[str, Any]]:
     """Skip records without duplicates (several slots' states carry the same history), sorted."""
     seen = {(r["epoch"], tuple(r["slot"]), r["start"], r["stop"]): r for r in records}
@@ -297,8 +302,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- epochs and state ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at ``epoch`` (like ``DistributedSampler.set_epoch``)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        _check_count(epoch, "epoch")
         self._first_epoch = epoch
         self._reset_position()
 
@@ -433,8 +437,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             >>> ds.state_dict()["skips"]
             [{'epoch': 0, 'slot': [0, 1], 'start': 2, 'stop': 6}]
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        _check_count(n, "n")
         if n == 0:
             return
         if self._stream is not None and self._pending is None and not self._finished:
@@ -479,8 +482,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         whole then passes over ``n * W`` batches. Same layout only (not across an elastic
         change); nothing is read.
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        _check_count(n, "n")
         import copy
 
         out = copy.deepcopy(state_dict)

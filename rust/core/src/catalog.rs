@@ -674,17 +674,16 @@ fn shard_content(h: &mut Sha256, s: &Shard) {
     h.update(s.footer_digest);
 }
 
-/// 4 bytes per bucket; all-zero for an empty bucket.
-fn bucket_digests(shards: &[Shard]) -> Vec<u8> {
-    let n = bucket_count(shards.len());
-    let mut hashers: Vec<Option<Sha256>> = (0..n).map(|_| None).collect();
+/// 4 bytes per bucket of `buckets`; all-zero for an empty bucket.
+fn bucket_digests(shards: &[Shard], buckets: usize) -> Vec<u8> {
+    let mut hashers: Vec<Option<Sha256>> = (0..buckets).map(|_| None).collect();
     for s in shards {
         shard_content(
-            hashers[bucket_of(&s.rel_path, n)].get_or_insert_with(Sha256::new),
+            hashers[bucket_of(&s.rel_path, buckets)].get_or_insert_with(Sha256::new),
             s,
         );
     }
-    let mut out = Vec::with_capacity(4 * n);
+    let mut out = Vec::with_capacity(4 * buckets);
     for h in hashers {
         match h {
             Some(h) => out.extend_from_slice(&h.finalize()[..4]),
@@ -708,7 +707,8 @@ fn fingerprint(shards: &[Shard]) -> Fingerprint {
         rows: shards.iter().map(|s| s.num_rows).sum(),
         paths: hex16(&paths.finalize()),
         content: hex16(&content.finalize()),
-        buckets: base64::engine::general_purpose::STANDARD.encode(bucket_digests(shards)),
+        buckets: base64::engine::general_purpose::STANDARD
+            .encode(bucket_digests(shards, bucket_count(shards.len()))),
     }
 }
 
@@ -729,18 +729,15 @@ impl Catalog {
         }
         let n = saved.len() / 4;
         // Recompute ours with the saved bucket count (the shard count may have changed).
-        let mut hashers: Vec<Option<Sha256>> = (0..n).map(|_| None).collect();
+        let now = bucket_digests(&self.shards, n);
         let mut members: Vec<Vec<&str>> = vec![Vec::new(); n];
         for s in &self.shards {
-            let b = bucket_of(&s.rel_path, n);
-            shard_content(hashers[b].get_or_insert_with(Sha256::new), s);
-            members[b].push(&s.rel_path);
+            members[bucket_of(&s.rel_path, n)].push(&s.rel_path);
         }
         let mut out = ShardChanges::default();
-        for (b, h) in hashers.into_iter().enumerate() {
+        for b in 0..n {
             let then = &saved[4 * b..4 * b + 4];
-            let now = h.map(|h| h.finalize()[..4].to_vec()).unwrap_or(vec![0; 4]);
-            if then == now.as_slice() {
+            if then == &now[4 * b..4 * b + 4] {
                 continue;
             }
             let names = members[b].iter().map(|p| p.to_string());
