@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import pytest
 from shardstream import datagen
 
+pytest_plugins = ["objstore_server"]  # moto server, S3 helpers, fault proxy (object-store tests)
+
 try:  # hypothesis profile for test_properties
     from hypothesis import HealthCheck, settings
 
