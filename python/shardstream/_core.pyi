@@ -9,7 +9,15 @@ __version__: str
 
 @final
 class RawCatalog:
-    def __new__(cls, sources: list[str], columns: list[str] | None = None) -> RawCatalog: ...
+    def __new__(
+        cls,
+        sources: list[str],
+        columns: list[str] | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> RawCatalog: ...
+    @property
+    def remote(self) -> bool: ...
+    def stats(self) -> dict[str, int]: ...
     @property
     def num_rows(self) -> int: ...
     @property

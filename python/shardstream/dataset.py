@@ -18,7 +18,7 @@ Design decisions (the why; the what is in docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -37,6 +37,10 @@ except ImportError:  # pragma: no cover - exercised only without torch
 
 __all__ = ["ParquetStream"]
 
+# Readahead threads per iterator for object-store sources when not set: each holds one piece's
+# request in flight, so this many round trips overlap with decoding.
+REMOTE_READAHEAD_THREADS = 8
+
 # Rows per chunk the core hands over in row mode. Larger amortizes the FFI call; smaller bounds
 # the work a mid-chunk state_dict() replays on row ids (at most this many buffer steps).
 ROW_MODE_CHUNK = 1024
@@ -51,6 +55,19 @@ def _sources(source: Any) -> list[str]:
         if not isinstance(s, (str, os.PathLike)):
             raise TypeError(f"source must be a path, glob or list of them, got {type(s).__name__}")
         out.append(os.fspath(s))
+    return out
+
+
+def _storage_options(options: Mapping[str, str] | None) -> dict[str, str] | None:
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise TypeError(f"storage_options must be a dict of str to str, got {type(options).__name__}")
+    out = {}
+    for k, v in options.items():
+        if not isinstance(k, str):
+            raise TypeError(f"storage_options keys must be str, got {k!r}")
+        out[k] = v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
     return out
 
 
@@ -120,6 +137,13 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1. Threads
             start on the first ``next()`` (inside the worker process), never before a fork.
         readahead_depth: decoded batches each readahead thread may hold ready.
+        storage_options: settings for URL sources (``s3://``, ``gs://``, ``az://``/``abfs://``,
+            ``https://``, ``file://``): the ``object_store`` crate's configuration keys for the
+            scheme (e.g. ``{"aws_endpoint": "http://127.0.0.1:9000", "aws_region": "us-east-1",
+            "aws_skip_signature": "true"}``), which override the standard environment variables
+            (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``), plus ``timeout`` / ``connect_timeout`` (per
+            request, e.g. ``"30s"``), ``max_retries``, ``retry_timeout`` and
+            ``backoff_initial``. An unknown key is an error.
 
     Example:
         >>> import tempfile, shardstream.datagen as dg
@@ -153,6 +177,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         read_batch_rows: int = 8192,
         readahead_threads: int | None = None,
         readahead_depth: int = 2,
+        storage_options: Mapping[str, str] | None = None,
     ) -> None:
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
@@ -188,6 +213,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
                 f"rank must be in [0, world_size), got rank={rank} world_size={world_size}"
             )
         self._sources = _sources(source)
+        self._storage_options = _storage_options(storage_options)
         self._columns = None if columns is None else [str(c) for c in columns]
         self._batch_size = batch_size
         self._drop_last = bool(drop_last)
@@ -202,7 +228,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._read_batch_rows = read_batch_rows
         self._readahead_threads = readahead_threads
         self._readahead_depth = readahead_depth
-        self._catalog: RawCatalog | None = RawCatalog(self._sources, self._columns)
+        self._catalog: RawCatalog | None = RawCatalog(self._sources, self._columns, self._storage_options)
         self._fingerprint: dict[str, Any] = self._catalog.fingerprint()
         self._first_epoch = 0
         # Every skip applied so far (this run and the runs it resumed from): state history.
@@ -226,7 +252,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     @property
     def catalog(self) -> RawCatalog:
         if self._catalog is None:  # re-opened after unpickling in a spawned worker
-            cat = RawCatalog(self._sources, self._columns)
+            cat = RawCatalog(self._sources, self._columns, self._storage_options)
             if cat.fingerprint() != self._fingerprint:
                 raise StateError(
                     "the shard set changed between creating the dataset and iterating it "
@@ -234,6 +260,17 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
                 )
             self._catalog = cat
         return self._catalog
+
+    def stats(self) -> dict[str, int]:
+        """Object-store counters of this dataset in this process (all zero for local files).
+
+        ``requests``: GET/LIST/HEAD requests shardstream made (nearby byte ranges coalesced);
+        ``bytes``: payload bytes received (footers, offset indexes, pages); ``retries``: HTTP
+        attempts that failed (5xx, 429, timeout, dropped connection) and were retried;
+        ``http_requests``: HTTP requests sent, retries included. DataLoader workers are
+        separate processes with their own counters.
+        """
+        return dict(self.catalog.stats())
 
     @property
     def num_rows(self) -> int:
@@ -275,6 +312,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     def _threads(self) -> int:
         if self._readahead_threads is not None:
             return self._readahead_threads
+        if self.catalog.remote:
+            # Remote reads wait on the network, not the CPU: more pieces in flight hide latency.
+            return REMOTE_READAHEAD_THREADS
         try:
             cores = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux

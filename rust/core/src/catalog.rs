@@ -6,7 +6,7 @@
 //! the requested columns, and computes the fingerprint that a saved state is checked against.
 //! Everything later (plan, reader) works from this in-memory metadata and never re-reads a footer.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -18,6 +18,7 @@ use parquet::file::metadata::PageIndexPolicy;
 use sha2::{Digest, Sha256};
 
 use crate::error::{shard_guard, Error, Result};
+use crate::store::{Object, StatsSnapshot, Store};
 
 /// One row group of one shard.
 #[derive(Debug, Clone)]
@@ -55,6 +56,9 @@ pub struct Shard {
     pub(crate) schema: SchemaRef,
     /// Parsed footer: read at open, or on first use for shards known from the sidecar.
     meta: OnceLock<ArrowReaderMetadata>,
+    /// Where a remote shard's bytes come from (`None`: a local file at `path`, which then
+    /// holds the object's URL).
+    pub(crate) object: Option<crate::store::Object>,
     /// Root columns to read, sorted (this file's own column order).
     pub(crate) roots: Vec<usize>,
     /// For each requested column, its position among the projected columns of this file.
@@ -68,6 +72,13 @@ impl Shard {
     pub(crate) fn reader_meta(&self) -> Result<&ArrowReaderMetadata> {
         if let Some(m) = self.meta.get() {
             return Ok(m);
+        }
+        if self.object.is_some() {
+            // Remote footers are read when the catalog opens, never lazily.
+            return Err(Error::Internal(format!(
+                "footer of {} was not read",
+                self.path.display()
+            )));
         }
         let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
         let size = file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
@@ -130,15 +141,46 @@ pub struct Catalog {
     root: PathBuf,
     fingerprint: Fingerprint,
     units: OnceLock<Arc<Vec<crate::plan::Unit>>>,
+    /// The object stores remote shards come from (empty for local datasets).
+    stores: Vec<Arc<Store>>,
 }
 
 impl Catalog {
     /// Resolve `sources` and read every footer. `columns = None` selects every column of the
     /// first shard (and then requires every shard to have exactly those columns).
     pub fn open(sources: &[String], columns: Option<&[String]>) -> Result<Self> {
-        let paths = resolve_sources(sources)?;
-        let root = common_root(&paths);
-        let mut shards = crate::index::open_shards(&paths, &root)?;
+        Self::open_with(sources, columns, &BTreeMap::new())
+    }
+
+    /// [`Catalog::open`] where sources may also be URLs (`s3://bucket/prefix/`, globs, single
+    /// objects, `file://`), with `storage_options` for their stores (see [`crate::store`]).
+    pub fn open_with(
+        sources: &[String],
+        columns: Option<&[String]>,
+        storage_options: &BTreeMap<String, String>,
+    ) -> Result<Self> {
+        let remote = sources.iter().filter(|s| crate::store::is_url(s)).count();
+        let (root, mut shards, stores) = if remote == 0 {
+            if !storage_options.is_empty() {
+                return Err(Error::Config(
+                    "storage_options only apply to URL sources (s3://, gs://, az://, https://, \
+                     file://), and every source here is a local path"
+                        .into(),
+                ));
+            }
+            let paths = resolve_sources(sources)?;
+            let root = common_root(&paths);
+            let shards = crate::index::open_shards(&paths, &root)?;
+            (root, shards, Vec::new())
+        } else if remote == sources.len() {
+            open_remote(sources, storage_options)?
+        } else {
+            return Err(Error::Config(
+                "sources mix URLs and local paths: use file:///abs/path URLs for the local ones \
+                 (or only local paths)"
+                    .into(),
+            ));
+        };
         let mut first_row = 0u64;
         for shard in &mut shards {
             shard.first_row = first_row;
@@ -153,7 +195,22 @@ impl Catalog {
             root,
             fingerprint,
             units: OnceLock::new(),
+            stores,
         })
+    }
+
+    /// True when the shards come from object stores.
+    pub fn is_remote(&self) -> bool {
+        !self.stores.is_empty()
+    }
+
+    /// Counters of the object stores, summed (all zero for a local dataset).
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut total = StatsSnapshot::default();
+        for s in &self.stores {
+            total += s.stats();
+        }
+        total
     }
 
     /// Every non-empty row group in catalog order (computed once).
@@ -371,6 +428,138 @@ fn load_meta(file: &File, path: &Path) -> Result<ArrowReaderMetadata> {
         .map_err(|e| Error::shard(path, format!("not a readable Parquet file: {e}")))
 }
 
+/// Resolve URL sources to objects (listing prefixes, matching globs) and read their footers,
+/// [`FOOTER_CONCURRENCY`](crate::store::FOOTER_CONCURRENCY) at a time. One store per scheme and
+/// bucket; the root is the deepest common "directory" of the objects' URLs.
+fn open_remote(
+    sources: &[String],
+    options: &BTreeMap<String, String>,
+) -> Result<(PathBuf, Vec<Shard>, Vec<Arc<Store>>)> {
+    let mut stores: Vec<Arc<Store>> = Vec::new();
+    let mut objects: BTreeMap<String, Object> = BTreeMap::new();
+    for src in sources {
+        let url =
+            url::Url::parse(src).map_err(|e| Error::Config(format!("bad URL {src:?}: {e}")))?;
+        let store = match stores.iter().find(|s| s.serves(&url)) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Store::new(&url, options)?;
+                stores.push(s.clone());
+                s
+            }
+        };
+        for obj in store.resolve(&url, src)? {
+            objects.insert(obj.url(), obj);
+        }
+    }
+    let urls: Vec<PathBuf> = objects.keys().map(PathBuf::from).collect();
+    let root = common_root(&urls);
+    let mut shards = Vec::with_capacity(objects.len());
+    // Footers are fetched per store (each has its own client), keeping the global order.
+    let objects: Vec<Object> = objects.into_values().collect();
+    for store in &stores {
+        let mine: Vec<(usize, Object)> = objects
+            .iter()
+            .cloned()
+            .enumerate()
+            .filter(|(_, o)| Arc::ptr_eq(&o.store, store))
+            .collect();
+        let root_for = root.clone();
+        let read = crate::store::run_buffered(
+            store,
+            mine,
+            crate::store::FOOTER_CONCURRENCY,
+            move |client, (i, obj)| {
+                let root = root_for.clone();
+                async move { Ok((i, read_remote_footer(client, obj, &root).await?)) }
+            },
+        )?;
+        shards.extend(read);
+    }
+    shards.sort_by_key(|(i, _)| *i);
+    Ok((root, shards.into_iter().map(|(_, s)| s).collect(), stores))
+}
+
+/// One remote footer: a single suffix request in the common case ([`crate::store`] sizes it to
+/// hold footer and offset index), more only when the decoder asks for them.
+async fn read_remote_footer(
+    client: Arc<dyn object_store::ObjectStore>,
+    obj: Object,
+    root: &Path,
+) -> Result<Shard> {
+    use parquet::file::metadata::ParquetMetaDataPushDecoder;
+    use parquet::DecodeResult;
+    let url = obj.url();
+    let path = PathBuf::from(&url);
+    if obj.size < 12 {
+        return Err(Error::shard(
+            &path,
+            format!("not a Parquet file: {} bytes long", obj.size),
+        ));
+    }
+    let tail_range = obj.suffix(crate::store::footer_prefetch());
+    let tail = crate::store::fetch_ranges(client.clone(), obj.clone(), vec![tail_range.clone()])
+        .await?
+        .remove(0);
+    let bad = |e: parquet::errors::ParquetError| {
+        Error::shard(&path, format!("not a readable Parquet file: {e}"))
+    };
+    let mut decoder = shard_guard(&path, || {
+        let mut d = ParquetMetaDataPushDecoder::try_new(obj.size)
+            .map_err(bad)?
+            .with_column_index_policy(PageIndexPolicy::Skip)
+            .with_offset_index_policy(PageIndexPolicy::Optional);
+        d.push_range(tail_range.clone(), tail.clone())
+            .map_err(bad)?;
+        Ok(d)
+    })?;
+    let mut pushed = vec![(tail_range.clone(), tail.clone())];
+    let md = loop {
+        match shard_guard(&path, || decoder.try_decode().map_err(bad))? {
+            DecodeResult::NeedsData(ranges) => {
+                let data =
+                    crate::store::fetch_ranges(client.clone(), obj.clone(), ranges.clone()).await?;
+                pushed.extend(ranges.iter().cloned().zip(data.iter().cloned()));
+                decoder.push_ranges(ranges, data).map_err(bad)?;
+            }
+            DecodeResult::Data(md) => break md,
+            DecodeResult::Finished => {
+                return Err(Error::shard(
+                    &path,
+                    "the footer decoder returned no metadata",
+                ))
+            }
+        }
+    };
+    // The raw footer bytes, for the digest (the same bytes a local read hashes).
+    let len = u64::from(u32::from_le_bytes(
+        tail[tail.len() - 8..tail.len() - 4]
+            .try_into()
+            .expect("4 bytes"),
+    ));
+    let footer = (obj.size - 8).checked_sub(len).map(|s| s..obj.size - 8);
+    let Some(footer) = footer else {
+        return Err(Error::shard(&path, "footer length exceeds the file size"));
+    };
+    let bytes = match pushed
+        .iter()
+        .find(|(r, _)| r.start <= footer.start && footer.end <= r.end)
+    {
+        Some((r, b)) => b.slice((footer.start - r.start) as usize..(footer.end - r.start) as usize),
+        None => crate::store::fetch_ranges(client, obj.clone(), vec![footer])
+            .await?
+            .remove(0),
+    };
+    let digest = Sha256::digest(&bytes);
+    let mut footer_digest = [0u8; 16];
+    footer_digest.copy_from_slice(&digest[..16]);
+    let meta = shard_guard(&path, || {
+        ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new()).map_err(bad)
+    })?;
+    let rel = rel_path(&path, root);
+    shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
+}
+
 pub(crate) fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
     meta.modified()
         .ok()
@@ -418,6 +607,7 @@ pub(crate) fn indexed_shard(
         schema_digest,
         schema: Arc::new(Schema::empty()), // set from its schema group's representative
         meta: OnceLock::new(),
+        object: None,
         roots: Vec::new(),
         reorder: Vec::new(),
     }
@@ -463,6 +653,28 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
     let size = fs_meta.len();
     let meta = load_meta(&file, path)?;
+    let footer_digest = footer_digest(&file, size).map_err(|e| Error::io(path, e))?;
+    shard_from_meta(
+        path,
+        rel_path(path, root),
+        size,
+        mtime_ns(&fs_meta),
+        meta,
+        footer_digest,
+        None,
+    )
+}
+
+/// A shard from its parsed footer: row groups, row counts checked against the footer's total.
+fn shard_from_meta(
+    path: &Path,
+    rel_path: String,
+    size: u64,
+    mtime_ns: u64,
+    meta: ArrowReaderMetadata,
+    footer_digest: [u8; 16],
+    object: Option<Object>,
+) -> Result<Shard> {
     let md = meta.metadata();
     let mut row_groups = Vec::with_capacity(md.num_row_groups());
     let mut rows = 0u64;
@@ -496,8 +708,6 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
         ));
     }
     let has_offset_index = md.offset_index().is_some_and(|oi| !oi.is_empty());
-    let footer_digest = footer_digest(&file, size).map_err(|e| Error::io(path, e))?;
-    let rel_path = rel_path(path, root);
     let schema = meta.schema().clone();
     Ok(Shard {
         path: path.to_path_buf(),
@@ -508,10 +718,11 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
         row_groups,
         has_offset_index,
         footer_digest,
-        mtime_ns: mtime_ns(&fs_meta),
+        mtime_ns,
         schema_digest: schema_digest(&schema),
         schema,
         meta: OnceLock::from(meta),
+        object,
         roots: Vec::new(),
         reorder: Vec::new(),
     })

@@ -2,6 +2,7 @@
 //!
 //! The data path, one module per concept:
 //! - [`catalog`]: resolve sources, read footers once, check schemas, fingerprint the shard set.
+//! - [`store`]: object stores (S3, GCS, Azure, HTTP, file://): listing, ranged reads, counters.
 //! - [`index`]: the metadata sidecar that lets large shard sets open without reading footers.
 //! - [`plan`]: the order of an epoch (row groups, permuted per epoch) cut into slots.
 //! - [`reader`]: read a run of rows of one row group — where resume seeks.
@@ -24,6 +25,7 @@ pub mod reader;
 pub mod rng;
 pub mod shuffle;
 pub mod state;
+pub mod store;
 pub mod stream;
 
 pub use catalog::{Catalog, Fingerprint, Shard};

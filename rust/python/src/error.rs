@@ -3,7 +3,7 @@
 //! | core `Error`          | Python                                              |
 //! |-----------------------|-----------------------------------------------------|
 //! | `NotFound`            | `FileNotFoundError`                                 |
-//! | `Io`                  | `OSError`                                           |
+//! | `Io`                  | `OSError` (`PermissionError` when access is denied) |
 //! | `Shard`               | `shardstream.ShardError` (a `ShardstreamError`)     |
 //! | `Schema`              | `shardstream.SchemaError` (also a `ValueError`)     |
 //! | `State`               | `shardstream.StateError` (also a `ValueError`)      |
@@ -15,7 +15,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError, PyValueError};
 use pyo3::prelude::*;
 use shardstream_core::error::panic_message;
 use shardstream_core::Error;
@@ -38,6 +38,9 @@ pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
     let msg = err.to_string();
     match err {
         Error::NotFound { .. } => PyFileNotFoundError::new_err(msg),
+        Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            PyPermissionError::new_err(msg)
+        }
         Error::Io { .. } => PyOSError::new_err(msg),
         Error::Shard { .. } => shardstream_exc(py, "ShardError", msg),
         Error::Schema(_) => shardstream_exc(py, "SchemaError", msg),

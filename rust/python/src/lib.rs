@@ -26,12 +26,37 @@ struct RawCatalog {
 #[pymethods]
 impl RawCatalog {
     #[new]
-    #[pyo3(signature = (sources, columns=None))]
-    fn new(py: Python<'_>, sources: Vec<String>, columns: Option<Vec<String>>) -> PyResult<Self> {
-        let cat = detach(py, || Catalog::open(&sources, columns.as_deref()))?;
+    #[pyo3(signature = (sources, columns=None, storage_options=None))]
+    fn new(
+        py: Python<'_>,
+        sources: Vec<String>,
+        columns: Option<Vec<String>>,
+        storage_options: Option<std::collections::BTreeMap<String, String>>,
+    ) -> PyResult<Self> {
+        let options = storage_options.unwrap_or_default();
+        let cat = detach(py, || {
+            Catalog::open_with(&sources, columns.as_deref(), &options)
+        })?;
         Ok(RawCatalog {
             inner: Arc::new(cat),
         })
+    }
+
+    /// True when the shards come from object stores.
+    #[getter]
+    fn remote(&self) -> bool {
+        self.inner.is_remote()
+    }
+
+    /// Object-store counters of this catalog in this process (zeros for local datasets).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("requests", s.requests)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("retries", s.retries)?;
+        d.set_item("http_requests", s.http_requests)?;
+        Ok(d)
     }
 
     #[getter]

@@ -1,0 +1,642 @@
+//! Object stores: where a remote shard's bytes come from (`s3://`, `gs://`, `az://`/`abfs://`,
+//! `https://`, `file://`).
+//!
+//! Only *where bytes come from* differs between local and remote shards: the catalog still reads
+//! every footer once (here: one suffix request per object, plus the offset index), and the reader
+//! still decodes one row group with a row selection. For a remote shard the reader asks arrow-rs's
+//! push decoder which byte ranges that selection needs (with an offset index: only the pages
+//! holding selected rows), fetches them here (coalesced, in parallel) and decodes from memory.
+//!
+//! Design:
+//! * The `object_store` crate does the protocol work: credentials (standard environment
+//!   variables, then `storage_options`), per-request timeouts, and retries with exponential
+//!   backoff on 5xx, timeouts and dropped connections.
+//! * Fork safety. DataLoader workers fork after the dataset (and its catalog) exists. A tokio
+//!   runtime's threads and an HTTP client's pooled connections do not survive a fork, so both are
+//!   per process: the runtime is created on first use in each process (keyed by pid, the parent's
+//!   left untouched), and each [`Store`] rebuilds its client when it finds itself in a new one.
+//! * Consistency. Every ranged read carries `If-Match: <ETag seen at open>`: an object rewritten
+//!   while a job runs is an error naming it, never a mix of old footer and new pages.
+//! * Counters ([`Stats`]) are per store, i.e. per dataset and process: requests shardstream made
+//!   (after coalescing), payload bytes received, and HTTP attempts that failed and were retried.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService,
+    SpawnedReqwestConnector,
+};
+use object_store::path::Path as ObjPath;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
+    ObjectStoreScheme, RetryConfig,
+};
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// Ranges closer than this are fetched as one request (object_store's own default).
+const COALESCE_BYTES: u64 = object_store::OBJECT_STORE_COALESCE_DEFAULT;
+/// Bytes fetched from the end of an object to read its footer in one request in the common case
+/// (footer + offset index of a few hundred row groups fit; larger ones cost one more request).
+const FOOTER_PREFETCH: u64 = 256 * 1024;
+/// Objects whose footers are fetched concurrently while opening a catalog.
+pub(crate) const FOOTER_CONCURRENCY: usize = 32;
+
+/// Is `source` a URL (as opposed to a local path)?
+pub fn is_url(source: &str) -> bool {
+    match source.split_once("://") {
+        Some((scheme, _)) => {
+            !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.')
+        }
+        None => false,
+    }
+}
+
+/// Cumulative counters of one store in this process.
+#[derive(Debug, Default)]
+pub struct Stats {
+    requests: AtomicU64,
+    bytes: AtomicU64,
+    retries: AtomicU64,
+    http_requests: AtomicU64,
+}
+
+/// A snapshot of [`Stats`], summed over a catalog's stores.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// GET / LIST / HEAD requests shardstream made (ranges already coalesced).
+    pub requests: u64,
+    /// Payload bytes received (footers, indexes, pages).
+    pub bytes: u64,
+    /// HTTP attempts that failed (5xx, timeout, dropped connection) and were retried.
+    pub retries: u64,
+    /// HTTP requests sent, retries included (0 for `file://`).
+    pub http_requests: u64,
+}
+
+impl std::ops::AddAssign for StatsSnapshot {
+    fn add_assign(&mut self, o: Self) {
+        self.requests += o.requests;
+        self.bytes += o.bytes;
+        self.retries += o.retries;
+        self.http_requests += o.http_requests;
+    }
+}
+
+impl Stats {
+    fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            requests: self.requests.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            http_requests: self.http_requests.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The I/O runtime of this process: created on first use, one per process (a forked child gets
+/// its own and never touches the parent's, whose threads it does not have). Never dropped:
+/// shutting a runtime down can block, and it idles at no cost.
+fn runtime() -> Result<tokio::runtime::Handle> {
+    static RT: Mutex<Option<(u32, tokio::runtime::Handle)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = RT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((p, h)) = &*slot {
+        if *p == pid {
+            return Ok(h.clone());
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("shardstream-io")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+    let handle = rt.handle().clone();
+    std::mem::forget(rt);
+    *slot = Some((pid, handle.clone()));
+    Ok(handle)
+}
+
+/// Counts HTTP attempts and failed ones around object_store's client (its retry loop calls us
+/// once per attempt, so failures seen here are the retried attempts).
+#[derive(Debug)]
+struct Counting {
+    inner: HttpClient,
+    stats: Arc<Stats>,
+}
+
+#[async_trait::async_trait]
+impl HttpService for Counting {
+    async fn call(&self, req: HttpRequest) -> std::result::Result<HttpResponse, HttpError> {
+        self.stats.http_requests.fetch_add(1, Ordering::Relaxed);
+        let r = self.inner.execute(req).await;
+        let failed = match &r {
+            Ok(resp) => resp.status().is_server_error() || resp.status().as_u16() == 429,
+            Err(_) => true,
+        };
+        if failed {
+            self.stats.retries.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+#[derive(Debug)]
+struct CountingConnector {
+    io: tokio::runtime::Handle,
+    stats: Arc<Stats>,
+}
+
+impl HttpConnector for CountingConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let inner = SpawnedReqwestConnector::new(self.io.clone()).connect(options)?;
+        Ok(HttpClient::new(Counting {
+            inner,
+            stats: self.stats.clone(),
+        }))
+    }
+}
+
+/// shardstream's own storage options (the rest go to object_store's builder for the scheme).
+#[derive(Debug, Clone)]
+struct Retry {
+    max_retries: usize,
+    retry_timeout: Duration,
+    backoff_initial: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            max_retries: 10,
+            retry_timeout: Duration::from_secs(180),
+            backoff_initial: Duration::from_millis(100),
+        }
+    }
+}
+
+fn parse_duration(key: &str, v: &str) -> Result<Duration> {
+    let v = v.trim();
+    let (num, unit) = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or((v, "s"), |i| (&v[..i], v[i..].trim()));
+    let n: f64 = num.parse().map_err(|_| {
+        Error::Config(format!(
+            "storage option {key:?}: expected a duration like \"5s\" or \"250ms\", got {v:?}"
+        ))
+    })?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" | "min" => n * 60.0,
+        _ => {
+            return Err(Error::Config(format!(
+                "storage option {key:?}: unknown unit {unit:?} in {v:?} (use ms, s or min)"
+            )))
+        }
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// One object store (scheme + bucket/container/host) with its options, as seen by one catalog.
+#[derive(Debug)]
+pub struct Store {
+    /// `scheme://host` (no path): what error messages and URLs are built from.
+    base: String,
+    url: Url,
+    scheme: ObjectStoreScheme,
+    options: BTreeMap<String, String>,
+    retry: Retry,
+    stats: Arc<Stats>,
+    /// The client of the current process (rebuilt after a fork).
+    live: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+}
+
+/// One remote shard: its store, key, and the size and ETag seen when the catalog was opened.
+#[derive(Debug, Clone)]
+pub struct Object {
+    pub store: Arc<Store>,
+    pub location: ObjPath,
+    pub size: u64,
+    pub etag: Option<String>,
+}
+
+impl Object {
+    /// The object's URL, as error messages and `shard_paths` show it.
+    pub fn url(&self) -> String {
+        self.store.url_of(&self.location)
+    }
+}
+
+impl Store {
+    /// The store for `url` with `options` (object_store configuration keys plus `max_retries`,
+    /// `retry_timeout`, `backoff_initial`). Options are checked now: a typo is an error, not a
+    /// silently ignored setting.
+    pub fn new(url: &Url, options: &BTreeMap<String, String>) -> Result<Arc<Store>> {
+        let (scheme, _) = ObjectStoreScheme::parse(url).map_err(|e| {
+            Error::Config(format!(
+                "unsupported URL {url}: {e} (use s3://, gs://, az://, abfs://, https:// or file://)"
+            ))
+        })?;
+        let mut retry = Retry::default();
+        let mut rest = BTreeMap::new();
+        for (k, v) in options {
+            match k.to_ascii_lowercase().as_str() {
+                "max_retries" => {
+                    retry.max_retries = v.trim().parse().map_err(|_| {
+                        Error::Config(format!(
+                            "storage option \"max_retries\": expected an integer, got {v:?}"
+                        ))
+                    })?
+                }
+                "retry_timeout" => retry.retry_timeout = parse_duration(k, v)?,
+                "backoff_initial" => retry.backoff_initial = parse_duration(k, v)?,
+                other => {
+                    rest.insert(other.to_string(), v.clone());
+                }
+            }
+        }
+        let base = url[..url::Position::BeforePath].to_string();
+        let store = Arc::new(Store {
+            base,
+            url: url.clone(),
+            scheme,
+            options: rest,
+            retry,
+            stats: Arc::new(Stats::default()),
+            live: Mutex::new(None),
+        });
+        store.client()?; // validate the options now
+        Ok(store)
+    }
+
+    /// Two URLs share a store when scheme and host (bucket, container) are equal.
+    pub fn serves(&self, url: &Url) -> bool {
+        url[..url::Position::BeforePath] == self.base
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    pub fn url_of(&self, location: &ObjPath) -> String {
+        match self.scheme {
+            ObjectStoreScheme::Local => format!("file:///{location}"),
+            _ => format!("{}/{location}", self.base),
+        }
+    }
+
+    /// The key a URL names inside this store.
+    pub fn location(&self, url: &Url) -> Result<ObjPath> {
+        ObjectStoreScheme::parse(url)
+            .map(|(_, p)| p)
+            .map_err(|e| Error::Config(format!("bad object URL {url}: {e}")))
+    }
+
+    fn client(&self) -> Result<Arc<dyn ObjectStore>> {
+        let pid = std::process::id();
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((p, s)) = &*live {
+            if *p == pid {
+                return Ok(s.clone());
+            }
+        }
+        let s = self.build()?;
+        // A client from before a fork is left alone (forgotten), never dropped: its pool's
+        // connections belong to the parent's runtime.
+        if let Some(old) = live.take() {
+            std::mem::forget(old);
+        }
+        *live = Some((pid, s.clone()));
+        Ok(s)
+    }
+
+    fn build(&self) -> Result<Arc<dyn ObjectStore>> {
+        let io = runtime()?;
+        let connector = CountingConnector {
+            io,
+            stats: self.stats.clone(),
+        };
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: self.retry.backoff_initial,
+                max_backoff: Duration::from_secs(15).max(self.retry.backoff_initial),
+                base: 2.0,
+            },
+            max_retries: self.retry.max_retries,
+            retry_timeout: self.retry.retry_timeout,
+        };
+        let bad = |k: &str| {
+            Error::Config(format!(
+                "unknown storage option {k:?} for {} (expected an object_store configuration key \
+                 for this scheme, or max_retries / retry_timeout / backoff_initial)",
+                self.base
+            ))
+        };
+        let built_err = |e: object_store::Error| {
+            Error::Config(format!("cannot configure the store for {}: {e}", self.base))
+        };
+        let url = self.url.to_string();
+        let store: Arc<dyn ObjectStore> = match self.scheme {
+            ObjectStoreScheme::Local => {
+                if let Some(k) = self.options.keys().next() {
+                    return Err(bad(k));
+                }
+                Arc::new(object_store::local::LocalFileSystem::new())
+            }
+            ObjectStoreScheme::AmazonS3 => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
+                for (k, v) in &self.options {
+                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
+                }
+                Arc::new(
+                    b.with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(built_err)?,
+                )
+            }
+            ObjectStoreScheme::GoogleCloudStorage => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
+                for (k, v) in &self.options {
+                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
+                }
+                Arc::new(
+                    b.with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(built_err)?,
+                )
+            }
+            ObjectStoreScheme::MicrosoftAzure => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url);
+                for (k, v) in &self.options {
+                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
+                }
+                Arc::new(
+                    b.with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(built_err)?,
+                )
+            }
+            ObjectStoreScheme::Http => {
+                let mut b = object_store::http::HttpBuilder::new().with_url(self.base.clone());
+                for (k, v) in &self.options {
+                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
+                }
+                Arc::new(
+                    b.with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(built_err)?,
+                )
+            }
+            _ => {
+                return Err(Error::Config(format!(
+                    "unsupported URL scheme in {} (use s3://, gs://, az://, abfs://, https:// or \
+                     file://)",
+                    self.base
+                )))
+            }
+        };
+        Ok(store)
+    }
+
+    /// Run `f` (given this process's client) on the I/O runtime and wait for it. Called from
+    /// plain threads (Python's, readahead's), never from inside the runtime.
+    pub(crate) fn run<T, F>(&self, f: impl FnOnce(Arc<dyn ObjectStore>) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let client = self.client()?;
+        let io = runtime()?;
+        let task = io.spawn(f(client));
+        io.block_on(task)
+            .map_err(|e| Error::Internal(format!("I/O task failed: {e}")))?
+    }
+
+    /// Every object `url` names: the object itself, every `*.parquet` below it (a prefix or
+    /// "directory"), or, when the URL's path has glob characters, every object matching it.
+    /// Sorted by key; an empty result is an error naming the URL.
+    pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str) -> Result<Vec<Object>> {
+        let key = self.location(url)?;
+        let key_str = key.as_ref().to_string();
+        let glob_at = key_str.find(['*', '?', '[']);
+        let store = self.clone();
+        let raw_owned = raw.to_string();
+        let metas: Vec<ObjectMeta> = self.run(move |client| async move {
+            let stats = store.stats.clone();
+            let list = |prefix: ObjPath| {
+                stats.requests.fetch_add(1, Ordering::Relaxed);
+                let client = client.clone();
+                async move {
+                    let p = (!prefix.as_ref().is_empty()).then_some(prefix);
+                    client
+                        .list(p.as_ref())
+                        .try_collect::<Vec<ObjectMeta>>()
+                        .await
+                }
+            };
+            if let Some(at) = glob_at {
+                let prefix = ObjPath::from(key_str[..at].rsplit_once('/').map_or("", |(p, _)| p));
+                let pattern = glob::Pattern::new(&key_str)
+                    .map_err(|e| Error::Config(format!("bad glob {raw_owned:?}: {e}")))?;
+                let opts = glob::MatchOptions {
+                    require_literal_separator: true,
+                    ..Default::default()
+                };
+                let all = list(prefix).await.map_err(|e| store.error(&raw_owned, e))?;
+                return Ok(all
+                    .into_iter()
+                    .filter(|m| pattern.matches_with(m.location.as_ref(), opts))
+                    .collect());
+            }
+            if key_str.ends_with(".parquet") {
+                stats.requests.fetch_add(1, Ordering::Relaxed);
+                match client.head(&key).await {
+                    Ok(m) => return Ok(vec![m]),
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(store.error(&raw_owned, e)),
+                }
+            }
+            let all = list(key).await.map_err(|e| store.error(&raw_owned, e))?;
+            Ok(all
+                .into_iter()
+                .filter(|m| m.location.as_ref().ends_with(".parquet"))
+                .collect())
+        })?;
+        if metas.is_empty() {
+            return Err(Error::NotFound {
+                path: raw.to_string(),
+                what: if glob_at.is_some() {
+                    "no objects match the glob".into()
+                } else {
+                    "no such object, and no *.parquet objects under that prefix".into()
+                },
+            });
+        }
+        let mut out: Vec<Object> = metas
+            .into_iter()
+            .map(|m| Object {
+                store: self.clone(),
+                location: m.location,
+                size: m.size,
+                etag: m.e_tag,
+            })
+            .collect();
+        out.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(out)
+    }
+
+    /// An object_store error as a core error naming the object or URL.
+    pub(crate) fn error(&self, what: &str, e: object_store::Error) -> Error {
+        use object_store::Error as E;
+        match e {
+            E::NotFound { .. } => Error::NotFound {
+                path: what.to_string(),
+                what: "no such object or bucket".into(),
+            },
+            E::PermissionDenied { .. } | E::Unauthenticated { .. } => Error::Io {
+                path: what.to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
+            },
+            E::Precondition { .. } => Error::Shard {
+                path: what.to_string(),
+                message: "changed since the dataset was opened (its ETag no longer matches): \
+                          the data of a running job must not be rewritten; reopen the dataset"
+                    .into(),
+            },
+            other => Error::Io {
+                path: what.to_string(),
+                source: std::io::Error::other(other.to_string()),
+            },
+        }
+    }
+}
+
+/// Fetch `ranges` of `obj` (any order; returned in the same order). Ranges closer than
+/// [`COALESCE_BYTES`] share one request; up to 10 requests run in parallel. Every request is
+/// conditional on the ETag seen at open.
+pub(crate) async fn fetch_ranges(
+    client: Arc<dyn ObjectStore>,
+    obj: Object,
+    ranges: Vec<Range<u64>>,
+) -> Result<Vec<Bytes>> {
+    let stats = obj.store.stats.clone();
+    let get = |r: Range<u64>| {
+        let (client, obj, stats) = (client.clone(), obj.clone(), stats.clone());
+        async move {
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            let opts = GetOptions {
+                if_match: obj.etag.clone(),
+                range: Some(GetRange::Bounded(r.clone())),
+                ..Default::default()
+            };
+            let bytes = async { client.get_opts(&obj.location, opts).await?.bytes().await }
+                .await
+                .map_err(|e| obj.store.error(&obj.url(), e))?;
+            if bytes.len() as u64 != r.end - r.start {
+                return Err(Error::Shard {
+                    path: obj.url(),
+                    message: format!(
+                        "asked for bytes {}..{} and got {} bytes (object truncated?)",
+                        r.start,
+                        r.end,
+                        bytes.len()
+                    ),
+                });
+            }
+            stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            Ok::<Bytes, Error>(bytes)
+        }
+    };
+    object_store::coalesce_ranges(&ranges, get, COALESCE_BYTES).await
+}
+
+impl Object {
+    /// Blocking [`fetch_ranges`] on the I/O runtime.
+    pub fn fetch(&self, ranges: Vec<Range<u64>>) -> Result<Vec<Bytes>> {
+        let obj = self.clone();
+        self.store
+            .run(move |client| fetch_ranges(client, obj, ranges))
+    }
+
+    /// The last `n` bytes' range (the whole object if smaller).
+    pub(crate) fn suffix(&self, n: u64) -> Range<u64> {
+        self.size.saturating_sub(n)..self.size
+    }
+}
+
+/// The footer prefetch size: see [`FOOTER_PREFETCH`].
+pub(crate) fn footer_prefetch() -> u64 {
+    FOOTER_PREFETCH
+}
+
+/// Run `f` over `items` with at most `n` in flight, on `store`'s runtime, in order.
+pub(crate) fn run_buffered<I, T, F, Fut>(
+    store: &Store,
+    items: Vec<I>,
+    n: usize,
+    f: F,
+) -> Result<Vec<T>>
+where
+    I: Send + 'static,
+    T: Send + 'static,
+    F: Fn(Arc<dyn ObjectStore>, I) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    store.run(move |client| async move {
+        futures::stream::iter(items)
+            .map(|i| f(client.clone(), i))
+            .buffered(n.max(1))
+            .try_collect()
+            .await
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_durations() {
+        assert!(is_url("s3://b/k"));
+        assert!(is_url("file:///tmp/x"));
+        assert!(!is_url("/tmp/x"));
+        assert!(!is_url("data/*.parquet"));
+        assert_eq!(
+            parse_duration("t", "250ms").unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(parse_duration("t", "5").unwrap(), Duration::from_secs(5));
+        assert_eq!(
+            parse_duration("t", "2 min").unwrap(),
+            Duration::from_secs(120)
+        );
+        assert!(parse_duration("t", "fast").is_err());
+        assert!(parse_duration("t", "5h").is_err());
+    }
+
+    #[test]
+    fn unknown_option_is_an_error_naming_it() {
+        let url = Url::parse("s3://bucket/prefix/").unwrap();
+        let mut opts = BTreeMap::new();
+        opts.insert("aws_region".to_string(), "us-east-1".to_string());
+        opts.insert("aws_endpoit".to_string(), "http://x".to_string());
+        let err = Store::new(&url, &opts).unwrap_err().to_string();
+        assert!(err.contains("aws_endpoit"), "{err}");
+    }
+}
