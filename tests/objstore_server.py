@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -445,6 +445,8 @@ class FaultProxy:
     At most ``max_faults_per_request`` faults hit the same request (method, path, Range);
     later repetitions pass, so a client with that many retries always completes.
     ``blackhole=True``: every request is read and never answered (until ``hang_limit``).
+    ``only(method, path)``: if given, requests it returns False for pass untouched (e.g.
+    ``only=lambda m, p: "list-type=" not in p`` spares list requests).
     Knobs are plain attributes and may be changed while running.
     """
 
@@ -462,6 +464,7 @@ class FaultProxy:
         blackhole: bool = False,
         max_faults_per_request: int = 2,
         hang_limit: float = 120.0,
+        only: Callable[[str, str], bool] | None = None,
     ) -> None:
         hostport = upstream.split("://", 1)[-1].rstrip("/")
         host, _, port = hostport.rpartition(":")
@@ -476,6 +479,7 @@ class FaultProxy:
         self.blackhole = blackhole
         self.max_faults_per_request = max_faults_per_request
         self.hang_limit = hang_limit
+        self.only = only
         self._lock = threading.Lock()
         self._seen: Counter[tuple[str, str, str]] = Counter()
         self._faults: Counter[tuple[str, str, str]] = Counter()
@@ -553,6 +557,9 @@ class FaultProxy:
             n = self._seen[key]
             self._seen[key] += 1
             self._stats["requests"] += 1
+            if self.only is not None and not self.only(method, path):
+                self._stats["forwarded"] += 1
+                return "ok", 0.0
             if self.blackhole:
                 self._stats["blackhole"] += 1
                 return "blackhole", 0.0

@@ -1,0 +1,732 @@
+"""Shards in an object store (issue #5): ``s3://`` against a local moto server, ``file://``.
+
+The same data as the local tests, uploaded to moto; every stream is compared in full
+(row ids, batch boundaries) with the stream of the same files read from the local path:
+
+* full iteration, prefix listing, globs, object lists, ``file://`` URLs;
+* exact resume over ``s3://`` (the harness of test_resume.py), states carried between a
+  local copy and the bucket in both directions, a StatefulDataLoader with 2 workers;
+* faults through ``FaultProxy`` (503s, dropped connections, truncated bodies, slow
+  answers): the stream stays exact and the retries are counted; a silent server
+  (blackhole, stalled body) is an error within a bounded time, never a hang;
+* errors: missing object / bucket / prefix -> FileNotFoundError, bad credentials or a
+  denied GET -> PermissionError (moto with IAM checks on), an object rewritten after the
+  dataset was opened -> ShardError, a state against a changed bucket -> ShardsChangedError;
+* bytes fetched: a deep resume in a 60-row-group shard fetches < 10% of a full read.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from harness import (
+    check_epochs,
+    check_resume,
+    full_stream,
+    interrupt_points,
+    keys_of,
+    make_ds,
+    resume_rest,
+    take,
+    torch_roundtrip,
+)
+from objstore_server import MotoServer, s3_client, storage_options, upload_dir
+from shardstream import (
+    ParquetStream,
+    ShardError,
+    ShardsChangedError,
+    ShardstreamError,
+    datagen,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+# Retry settings for the fault tests: every request has a timeout, faults are retried fast.
+FAST_RETRY = dict(
+    timeout="5s", connect_timeout="2s", max_retries="4", retry_timeout="60s", backoff_initial="5ms"
+)
+# Give up quickly on a silent server.
+GIVE_UP = dict(
+    timeout="1s", connect_timeout="1s", max_retries="1", retry_timeout="3s", backoff_initial="5ms"
+)
+HANG_BOUND = 30.0  # seconds; far above what GIVE_UP allows, far below "hung"
+
+
+def s3_settings(opts: dict[str, str], settings: dict) -> dict:
+    return {**settings, "storage_options": opts}
+
+
+def http_requests(stats: dict[str, int]) -> int:
+    """HTTP requests sent, retries included (``requests`` counts coalesced logical requests
+    when the core also reports ``http_requests``)."""
+    return stats.get("http_requests", stats["requests"])
+
+
+def run_bounded(fn: Any, seconds: float = HANG_BOUND) -> tuple[Any, BaseException | None, float]:
+    """Run ``fn()`` in a thread; (result, exception, elapsed).  Fails the test if it has not
+    returned after ``seconds`` (a hang: the thread is left behind, blocked)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            box["error"] = e
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(seconds)
+    elapsed = time.monotonic() - t0
+    if th.is_alive():
+        pytest.fail(f"hung: no result or error after {seconds:.0f} s")
+    return box.get("result"), box.get("error"), elapsed
+
+
+@pytest.fixture(scope="module")
+def small_url(s3, small) -> str:
+    return s3.upload(small.root)
+
+
+@pytest.fixture(scope="module")
+def nopi_url(s3, small_nopi) -> str:
+    return s3.upload(small_nopi.root)
+
+
+# ------------------------------------------------------------------ plain iteration
+
+STREAMS = [
+    ("row-noshuf", dict(output="python", columns=["id", "tokens", "text"])),
+    ("b5-buf7-e2", dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)),
+    ("b64-torch-buf100", dict(output="torch", batch_size=64, shuffle_buffer=100, seed=1)),
+    ("b16-arrow-allcols", dict(output="arrow", batch_size=16)),
+    (
+        "rank1of3-b5-buf7",
+        dict(output="python", batch_size=5, shuffle_buffer=7, seed=1, rank=1, world_size=3),
+    ),
+]
+
+
+@pytest.mark.parametrize("settings", [s for _, s in STREAMS], ids=[i for i, _ in STREAMS])
+def test_s3_stream_equals_local(s3, small, small_url, settings):
+    local = full_stream(small.root, settings)
+    if "rank" not in settings:
+        check_epochs(local, list(small.paths), settings)
+    got = full_stream(small_url, s3_settings(s3.options(), settings))
+    assert got == local
+
+
+def test_s3_dataset_metadata(s3, small, small_url):
+    ds = ParquetStream(small_url, storage_options=s3.options())
+    loc = ParquetStream(small.root)
+    names = [os.path.basename(p) for p in small.paths]
+    assert [s.rsplit("/", 1)[-1] for s in ds.shards] == names
+    assert all(s.startswith(small_url) for s in ds.shards), ds.shards
+    assert ds.num_rows == loc.num_rows == small.num_rows
+    assert ds.schema == loc.schema
+
+
+def test_s3_no_page_index_equals_local(s3, small_nopi, nopi_url):
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=2)
+    assert full_stream(nopi_url, s3_settings(s3.options(), settings)) == full_stream(
+        small_nopi.root, settings
+    )
+
+
+def test_s3_from_environment_variables(s3, small, small_url, monkeypatch):
+    """No storage_options: the standard AWS_* variables configure the store."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    settings = dict(output="python", columns=["id"], batch_size=7)
+    assert full_stream(small_url, settings) == full_stream(small.root, settings)
+
+
+# ------------------------------------------------------------------ listing and globs
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """A nested local tree and its upload: shards at the top and in sub-directories, a
+    non-Parquet object, and names whose string order differs from their path order
+    ('a-b.parquet' < 'a.b/...' < 'a/...' as strings; a/..., a-b..., a.b/... as paths)."""
+    root = tmp_path_factory.mktemp("tree")
+    layout = {
+        "shard-00000.parquet": 30,
+        "shard-00001.parquet": 17,
+        "sub/shard-00002.parquet": 25,
+        "sub/deeper/shard-00003.parquet": 9,
+        "a/x.parquet": 11,
+        "a-b.parquet": 13,
+        "a.b/y.parquet": 7,
+    }
+    start = 0
+    for rel, n in layout.items():
+        d = root / os.path.dirname(rel)
+        d.mkdir(parents=True, exist_ok=True)
+        t = datagen.make_table(start, n)
+        pq.write_table(t, root / rel, row_group_size=8, write_page_index=True)
+        start += n
+    (root / "_SUCCESS").write_bytes(b"")
+    (root / "sub" / "notes.txt").write_text("not parquet")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tree_url(s3, tree) -> str:
+    return s3.upload(str(tree), prefix="tree")
+
+
+SETTINGS_ID = dict(output="python", columns=["id"], batch_size=4)
+
+
+def test_prefix_without_trailing_slash_and_glob(s3, tree, tree_url):
+    opts = s3.options()
+    local = full_stream(os.path.join(str(tree), "*.parquet"), SETTINGS_ID)
+    assert local, "glob matched nothing locally"
+    got = full_stream(tree_url + "*.parquet", s3_settings(opts, SETTINGS_ID))
+    assert got == local
+    local_sub = full_stream(os.path.join(str(tree), "sub", "*", "*.parquet"), SETTINGS_ID)
+    got_sub = full_stream(tree_url + "sub/*/*.parquet", s3_settings(opts, SETTINGS_ID))
+    assert got_sub == local_sub
+
+
+def test_list_of_object_urls_equals_list_of_files(s3, tree, tree_url):
+    rels = ["sub/shard-00002.parquet", "shard-00000.parquet", "a-b.parquet"]
+    local = full_stream([os.path.join(str(tree), r) for r in rels], SETTINGS_ID)
+    got = full_stream([tree_url + r for r in rels], s3_settings(s3.options(), SETTINGS_ID))
+    assert got == local
+
+
+# ------------------------------------------------------------------ file:// URLs
+
+
+def test_file_urls_equal_local(small):
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3)
+    local = full_stream(small.root, settings)
+    root_url = "file://" + os.path.abspath(small.root).rstrip("/") + "/"
+    assert full_stream(root_url, settings) == local
+    assert full_stream(["file://" + p for p in small.paths], settings) == local
+    # a state saved over the local path resumes over file:// and back
+    ds = make_ds(small.root, settings)
+    k = len(local) // 3
+    take(iter(ds), k)
+    state = torch_roundtrip(ds.state_dict())
+    assert local[:k] + resume_rest(root_url, settings, state) == local
+    ds = make_ds(root_url, settings)
+    take(iter(ds), k)
+    state = torch_roundtrip(ds.state_dict())
+    assert local[:k] + resume_rest(small.root, settings, state) == local
+
+
+# ------------------------------------------------------------------ exact resume over s3
+
+RESUME = [
+    ("row-noshuf", dict(output="python", columns=["id", "text"])),
+    ("row-buf7", dict(output="python", shuffle_buffer=7, seed=2)),
+    ("b5-buf7-e2", dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)),
+    (
+        "b16-torch-buf100-droplast",
+        dict(output="torch", batch_size=16, shuffle_buffer=100, seed=7, drop_last=True),
+    ),
+    (
+        "rank2of3-b5-buf7",
+        dict(output="python", batch_size=5, shuffle_buffer=7, seed=1, rank=2, world_size=3),
+    ),
+]
+
+
+@pytest.mark.parametrize("settings", [s for _, s in RESUME], ids=[i for i, _ in RESUME])
+def test_resume_over_s3(s3, small, small_url, settings):
+    """The harness of test_resume.py over s3:// (interrupt points from the local layout,
+    including mid-row-group and mid-shuffle-buffer points), plus the local stream."""
+    local = full_stream(small.root, settings)
+    points = interrupt_points(
+        len(local), list(small.paths), settings, n_random=2, max_boundary_points=6
+    )
+    full = check_resume(
+        small_url,
+        s3_settings(s3.options(), settings),
+        points=points,
+        check_coverage=False,
+    )
+    assert full == local
+
+
+def test_resume_over_s3_no_page_index(s3, small_nopi, nopi_url):
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3)
+    local = full_stream(small_nopi.root, settings)
+    points = interrupt_points(
+        len(local), list(small_nopi.paths), settings, n_random=2, max_boundary_points=6
+    )
+    full = check_resume(
+        nopi_url, s3_settings(s3.options(), settings), points=points, check_coverage=False
+    )
+    assert full == local
+
+
+@pytest.mark.parametrize("direction", ["local-to-s3", "s3-to-local"])
+def test_state_moves_between_local_copy_and_bucket(s3, small, small_url, direction):
+    """The fingerprint hashes relative paths and footers: a copy of the same files in a
+    bucket is the same dataset, so a state saved on one resumes on the other."""
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)
+    s3_set = s3_settings(s3.options(), settings)
+    full = full_stream(small.root, settings)
+    src, dst = (small.root, settings), (small_url, s3_set)
+    if direction == "s3-to-local":
+        src, dst = dst, src
+    for k in (1, len(full) // 4, len(full) // 2 + 3, len(full) - 1):
+        ds = make_ds(*src)
+        take(iter(ds), k)
+        state = torch_roundtrip(ds.state_dict())
+        rest = resume_rest(dst[0], dst[1], state)
+        assert full[:k] + rest == full, f"{direction}: resume after {k} items differs"
+
+
+def test_stateful_dataloader_two_workers_over_s3(s3, small, small_url):
+    """Workers fork after the catalog was opened over the network in the parent."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    settings = dict(output="torch", batch_size=8, shuffle_buffer=20, seed=5)
+
+    def loader(source: str, st: dict) -> StatefulDataLoader:
+        return StatefulDataLoader(make_ds(source, st), batch_size=None, num_workers=2, timeout=60)
+
+    local = keys_of(loader(small.root, settings), True)
+    s3_set = s3_settings(s3.options(), settings)
+    assert keys_of(loader(small_url, s3_set), True) == local
+    k = len(local) // 2 + 1
+    ld = loader(small_url, s3_set)
+    take(iter(ld), k)
+    state = torch_roundtrip(ld.state_dict())
+    ld2 = loader(small_url, s3_set)
+    ld2.load_state_dict(state)
+    assert local[:k] + keys_of(ld2, True) == local
+
+
+# ------------------------------------------------------------------ counters
+
+
+def test_stats_count_what_the_server_saw(s3, small, small_url, fault_proxy):
+    proxy = fault_proxy()
+    ds = ParquetStream(
+        small_url, storage_options=s3.options(proxy.endpoint), output="python", batch_size=7
+    )
+    opened = ds.stats()
+    assert {"requests", "bytes", "retries"} <= set(opened), opened
+    assert opened["requests"] > 0 and opened["bytes"] > 0 and opened["retries"] == 0
+    keys = keys_of(ds, True)
+    after = ds.stats()
+    assert flat(keys) == small.ids
+    assert after["retries"] == 0
+    assert after["bytes"] > opened["bytes"] and after["requests"] > opened["requests"]
+    assert http_requests(after) == proxy.stats()["requests"], (after, proxy.stats())
+    # cumulative: a second pass adds to the counters
+    assert keys_of(ds, True) == keys
+    again = ds.stats()
+    assert again["bytes"] > after["bytes"] and http_requests(again) > http_requests(after)
+    total = sum(os.path.getsize(p) for p in small.paths)
+    print(
+        f"\nsmall set: open {opened['bytes']:,} B, open + one pass {after['bytes']:,} B, "
+        f"files {total:,} B"
+    )
+
+
+def flat(keys: list) -> list[int]:
+    return [i for k in keys for i in (k if isinstance(k, tuple) else (k,))]
+
+
+# ------------------------------------------------------------------ faults
+
+
+FAULTS = {
+    "503": dict(error_rate=0.3),
+    "drop": dict(drop_rate=0.3),
+}
+
+
+@pytest.mark.parametrize("kind", list(FAULTS))
+def test_faults_keep_the_stream_exact(s3, small, small_url, fault_proxy, kind):
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)
+    local = full_stream(small.root, settings)
+    proxy = fault_proxy(seed=11, **FAULTS[kind])
+    s3_set = s3_settings(s3.options(proxy.endpoint, **FAST_RETRY), settings)
+    ds = make_ds(small_url, s3_set)
+    got = keys_of(ds, True)
+    ps, st = proxy.stats(), ds.stats()
+    info = f"ds.stats()={st} proxy={ps}"
+    assert ps["faults"] > 0, f"the proxy injected no fault: {info}"
+    assert got == local, f"stream differs under faults ({info})"
+    assert st["retries"] > 0, info
+    # every injected fault is one failed attempt that was retried
+    assert st["retries"] == ps["faults"], info
+    assert http_requests(st) == ps["requests"], info
+    # resume through the faulty proxy too
+    k = len(local) // 2
+    ds = make_ds(small_url, s3_set)
+    take(iter(ds), k)
+    state = torch_roundtrip(ds.state_dict())
+    assert local[:k] + resume_rest(small_url, s3_set, state) == local
+
+
+def test_slow_answers_time_out_and_are_retried(s3, small, small_url, fault_proxy):
+    """A share of requests is held longer than the per-request timeout: each such attempt
+    times out and is retried; the stream is exact."""
+    settings = dict(output="python", batch_size=9)
+    local = full_stream(small.root, settings)
+    proxy = fault_proxy(seed=5, delay_rate=0.15, delay=2.5)
+    opts = s3.options(proxy.endpoint, **{**FAST_RETRY, "timeout": "1s"})
+    ds = make_ds(small_url, s3_settings(opts, settings))
+    t0 = time.monotonic()
+    got = keys_of(ds, True)
+    assert proxy.stats()["delayed"] > 0
+    assert got == local
+    assert ds.stats()["retries"] > 0, (ds.stats(), proxy.stats())
+    assert time.monotonic() - t0 < 120
+
+
+def test_short_delays_need_no_retry(s3, small, small_url, fault_proxy):
+    settings = dict(output="python", batch_size=9, shuffle_buffer=50, seed=1)
+    local = full_stream(small.root, settings)
+    proxy = fault_proxy(seed=2, delay_rate=0.5, delay=0.2)
+    ds = make_ds(small_url, s3_settings(s3.options(proxy.endpoint, **FAST_RETRY), settings))
+    assert keys_of(ds, True) == local
+    assert proxy.stats()["delayed"] > 0
+    assert ds.stats()["retries"] == 0, ds.stats()
+
+
+def _expect_io_error(err: BaseException | None, elapsed: float) -> None:
+    assert err is not None, "a silent server did not raise"
+    assert isinstance(err, (OSError, ShardstreamError)), f"{type(err).__name__}: {err}"
+    assert elapsed < HANG_BOUND
+
+
+def test_blackhole_at_open_raises_not_hangs(s3, small_url, fault_proxy):
+    proxy = fault_proxy(blackhole=True)
+    opts = s3.options(proxy.endpoint, **GIVE_UP)
+    _, err, elapsed = run_bounded(lambda: ParquetStream(small_url, storage_options=opts).num_rows)
+    _expect_io_error(err, elapsed)
+    assert proxy.stats()["blackhole"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "stalled-body"])
+def test_silent_server_while_reading_raises_not_hangs(s3, small_url, fault_proxy, mode):
+    proxy = fault_proxy()
+    opts = s3.options(proxy.endpoint, **GIVE_UP)
+    ds = ParquetStream(small_url, storage_options=opts, output="python", batch_size=5)
+    assert ds.num_rows > 0  # opened through the healthy proxy
+    if mode == "blackhole":
+        proxy.set_faults(blackhole=True)
+    else:
+        proxy.set_faults(stall_rate=1.0, max_faults_per_request=10**6)
+    _, err, elapsed = run_bounded(lambda: keys_of(ds, True))
+    _expect_io_error(err, elapsed)
+    assert proxy.stats()["faults"] >= 1
+
+
+# ------------------------------------------------------------------ errors
+
+
+MISSING = {
+    "object": "{url}nope.parquet",
+    "empty-prefix": "{url}empty-prefix/",
+    "glob-without-match": "{url}*.nomatch",
+}
+
+
+@pytest.mark.parametrize("case", list(MISSING))
+def test_missing_is_file_not_found_naming_it(s3, small_url, case):
+    url = MISSING[case].format(url=small_url)
+    _, err, _ = run_bounded(
+        lambda: ParquetStream(url, storage_options=s3.options(**GIVE_UP)).num_rows
+    )
+    assert isinstance(err, FileNotFoundError), f"{type(err).__name__}: {err}"
+    assert url.rstrip("/") in str(err), str(err)
+
+
+def test_missing_object_among_existing_ones(s3, small_url):
+    bad = small_url + "shard-99999.parquet"
+    with pytest.raises(FileNotFoundError, match="shard-99999.parquet"):
+        ParquetStream([small_url + "shard-00000.parquet", bad], storage_options=s3.options())
+
+
+@pytest.fixture(scope="module")
+def auth_server(small):
+    """moto with IAM checks on: user 'reader' may do anything in S3, user 'lister' may list
+    the bucket but not read objects.  The shards sit at the bucket's root: moto checks the
+    signature of a list request whose prefix contains '/' against the decoded query string
+    and rejects it (a moto limitation, boto3 hits it too), so ``s3://private/`` is listed
+    without a prefix."""
+    server = MotoServer(auth=True, no_auth_actions=6)
+    try:
+        key, secret = server.create_user("reader")
+        deny_get = json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "*"},
+                    {"Effect": "Deny", "Action": "s3:GetObject", "Resource": "*"},
+                ],
+            }
+        )
+        lkey, lsecret = server.create_user("lister", policy=deny_get)
+        client = s3_client(server.endpoint, key=key, secret=secret)
+        upload_dir(client, small.root, "private", "")
+        yield server, (key, secret), (lkey, lsecret)
+    finally:
+        server.stop()
+
+
+def test_good_credentials_on_an_auth_checking_server(auth_server, small):
+    """The positive control of the two tests below: signed requests are accepted."""
+    server, (key, secret), _ = auth_server
+    opts = storage_options(server.endpoint, key=key, secret=secret)
+    settings = dict(output="python", columns=["id"], batch_size=10)
+    local = full_stream(small.root, settings)
+    assert full_stream("s3://private/", s3_settings(opts, settings)) == local
+    objs = ["s3://private/" + os.path.basename(p) for p in small.paths]
+    assert full_stream(objs, s3_settings(opts, settings)) == local
+
+
+def test_denied_get_is_permission_error_naming_the_object(auth_server):
+    server, _, (lkey, lsecret) = auth_server
+    opts = storage_options(server.endpoint, key=lkey, secret=lsecret, **GIVE_UP)
+    _, err, _ = run_bounded(lambda: ParquetStream("s3://private/", storage_options=opts).num_rows)
+    assert isinstance(err, PermissionError), f"{type(err).__name__}: {err}"
+    assert "s3://private/shard-0000" in str(err) and ".parquet" in str(err), str(err)
+
+
+def _rewrite(client: Any, bucket: str, key: str, start_id: int, tmp: str) -> None:
+    """Overwrite ``key`` with another shard: same schema, other ids."""
+    d = os.path.join(tmp, f"rewrite-{start_id}")
+    paths = datagen.write_shards(d, num_shards=1, rows_per_shard=75, start_id=start_id, seed=3)
+    with open(paths[0], "rb") as f:
+        client.put_object(Bucket=bucket, Key=key, Body=f.read())
+
+
+def test_object_rewritten_after_open_is_shard_error(s3, small, tmp_path):
+    url = s3.upload(small.root, bucket="rewritten", cache=False)
+    ds = ParquetStream(url, storage_options=s3.options(), output="python", batch_size=5)
+    assert ds.num_rows == small.num_rows
+    _rewrite(s3.client, "rewritten", "data/shard-00001.parquet", 50_000, str(tmp_path))
+    with pytest.raises(ShardError) as e:
+        keys_of(ds, True)
+    assert "s3://rewritten/data/shard-00001.parquet" in str(e.value), str(e.value)
+
+
+def test_object_rewritten_mid_iteration_is_shard_error(s3, small, tmp_path):
+    url = s3.upload(small.root, bucket="rewritten-mid", cache=False)
+    ds = ParquetStream(
+        url, storage_options=s3.options(), output="python", batch_size=5, readahead_threads=0
+    )
+    it = iter(ds)
+    take(it, 3)  # reading shard 0
+    _rewrite(s3.client, "rewritten-mid", "data/shard-00003.parquet", 70_000, str(tmp_path))
+    with pytest.raises(ShardError, match="s3://rewritten-mid/data/shard-00003.parquet"):
+        for _ in it:
+            pass
+
+
+def test_state_against_changed_bucket_is_shards_changed_error(s3, small, tmp_path):
+    url = s3.upload(small.root, bucket="changed", cache=False)
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3)
+    s3_set = s3_settings(s3.options(), settings)
+    ds = make_ds(url, s3_set)
+    take(iter(ds), 20)
+    state = torch_roundtrip(ds.state_dict())
+    _rewrite(s3.client, "changed", "data/shard-00002.parquet", 60_000, str(tmp_path))
+    fresh = make_ds(url, s3_set)
+    with pytest.raises(ShardsChangedError) as e:
+        fresh.load_state_dict(state)
+    assert "shard-00002.parquet" in str(e.value)
+    assert any("shard-00002.parquet" in p for p in e.value.changed), e.value.changed
+
+
+# ------------------------------------------------------------------ bytes of a deep resume
+
+BIG_ROWS, BIG_RG = 120_000, 2_000  # one shard, 60 row groups
+
+
+@pytest.fixture(scope="module")
+def one_big_shard(shard_factory, s3):
+    sset = shard_factory(
+        num_shards=1, rows_per_shard=BIG_ROWS, row_group_size=BIG_RG, tokens_len=(8, 96), seed=7
+    )
+    return sset, s3.upload(sset.root, prefix="big")
+
+
+def _fetched(ds: ParquetStream, fn: Any) -> tuple[Any, int]:
+    before = ds.stats()["bytes"]
+    out = fn()
+    return out, ds.stats()["bytes"] - before
+
+
+def test_deep_resume_fetches_a_small_fraction(s3, one_big_shard):
+    sset, url = one_big_shard
+    opts = s3.options()
+    settings = dict(output="arrow", batch_size=1000, readahead_threads=0)
+    # a full read (bytes after the catalog was opened)
+    full_ds = ParquetStream(url, storage_options=opts, **settings)
+    rows, full_bytes = _fetched(full_ds, lambda: sum(b.num_rows for b in full_ds))
+    assert rows == BIG_ROWS
+    # a read from the start fetches each needed byte about once (footer at open included)
+    size = os.path.getsize(sset.paths[0])
+    assert full_ds.stats()["bytes"] <= 1.1 * size, (full_ds.stats(), size)
+    # state at 90% + half a row group, in the middle of a row group
+    k = int(0.9 * BIG_ROWS) // 1000 + 1
+    ds = ParquetStream(url, storage_options=opts, **settings)
+    it = iter(ds)
+    take(it, k)
+    state = torch_roundtrip(ds.state_dict())
+    nxt = next(it)
+    del it
+    # a fresh dataset: open (not counted), load_state_dict, first batch
+    fresh = ParquetStream(url, storage_options=opts, **settings)
+    assert fresh.num_rows == BIG_ROWS  # catalog opened
+
+    def first() -> Any:
+        fresh.load_state_dict(state)
+        return next(iter(fresh))
+
+    batch, resume_bytes = _fetched(fresh, first)
+    assert batch.column(0).to_pylist() == nxt.column(0).to_pylist()
+    ratio = resume_bytes / full_bytes
+    print(
+        f"\ndeep resume at row {k * 1000:,} of {BIG_ROWS:,} ({BIG_ROWS // BIG_RG} row groups): "
+        f"{resume_bytes:,} B to the first batch vs {full_bytes:,} B for a full read "
+        f"= {ratio:.2%}"
+    )
+    assert ratio < 0.10, f"deep resume fetched {ratio:.1%} of a full read"
+    # default readahead: reported only (background pieces may already be in flight)
+    dflt = {k_: v for k_, v in settings.items() if k_ != "readahead_threads"}
+    fresh2 = ParquetStream(url, storage_options=opts, **dflt)
+    assert fresh2.num_rows == BIG_ROWS
+
+    def first2() -> Any:
+        fresh2.load_state_dict(state)
+        return next(iter(fresh2))
+
+    batch2, b2 = _fetched(fresh2, first2)
+    assert batch2.column(0).to_pylist() == nxt.column(0).to_pylist()
+    print(f"same with default readahead: {b2:,} B = {b2 / full_bytes:.2%} of a full read")
+
+
+def test_projection_fetches_only_its_columns(s3, one_big_shard):
+    sset, url = one_big_shard
+    opts = s3.options()
+    md = pq.ParquetFile(sset.paths[0]).metadata
+    id_bytes = sum(
+        md.row_group(g).column(0).total_compressed_size for g in range(md.num_row_groups)
+    )
+    all_bytes = sum(
+        md.row_group(g).column(c).total_compressed_size
+        for g in range(md.num_row_groups)
+        for c in range(md.num_columns)
+    )
+    ds = ParquetStream(url, storage_options=opts, columns=["id"], output="arrow", batch_size=4096)
+    n, got = _fetched(ds, lambda: sum(b.num_rows for b in ds))
+    assert n == BIG_ROWS
+    print(
+        f"\ncolumns=[id]: {got:,} B fetched; id chunks {id_bytes:,} B; all chunks {all_bytes:,} B"
+    )
+    assert id_bytes <= got < 0.5 * all_bytes
+
+
+def test_uploaded_objects_are_the_files(s3, small):
+    """The upload helper itself: the bucket holds the files byte for byte (so a difference
+    above is never the fixture's)."""
+    url = s3.upload(small.root)
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+    for p in small.paths:
+        body = s3.client.get_object(Bucket=bucket, Key=prefix + os.path.basename(p))["Body"].read()
+        with open(p, "rb") as f:
+            assert body == f.read()
+
+
+# ------------------------------------------------------------------ the proxy itself (boto3)
+
+
+def _ranged_gets(client: Any, bucket: str, key: str, size: int, n: int = 12) -> list[bytes]:
+    out = []
+    for i in range(n):
+        lo = (i * 7919) % max(1, size - 64)
+        r = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={lo}-{lo + 63}")
+        out.append(r["Body"].read())
+    return out
+
+
+def test_fault_proxy_is_transparent_and_deterministic(s3, small, small_url, fault_proxy):
+    """Without faults the proxy passes bytes through exactly; with faults, the same seed
+    makes the same decisions for the same requests (attempt by attempt)."""
+    bucket, prefix = small_url[len("s3://") :].split("/", 1)
+    key = prefix + os.path.basename(small.paths[2])
+    with open(small.paths[2], "rb") as f:
+        data = f.read()
+    clean = fault_proxy()
+    c = s3_client(clean.endpoint)
+    assert c.head_object(Bucket=bucket, Key=key)["ContentLength"] == len(data)
+    assert c.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    want = [data[lo : lo + 64] for lo in ((i * 7919) % (len(data) - 64) for i in range(12))]
+    assert _ranged_gets(c, bucket, key, len(data)) == want
+    assert clean.stats()["faults"] == 0 and clean.stats()["requests"] == 14
+    runs = []
+    # moto routes an unsigned request by its Authorization header's credential scope
+    hdr = {
+        "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request,"
+        " SignedHeaders=host;range, Signature=0"
+    }
+    for _ in range(2):  # plain HTTP, retried at once (boto3 backs off for seconds on 503s)
+        p = fault_proxy(seed=4, error_rate=0.4)
+        got, statuses = [], []
+        conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
+        for i in range(12):
+            lo = (i * 7919) % (len(data) - 64)
+            while True:
+                conn.request(
+                    "GET", f"/{bucket}/{key}", headers={**hdr, "Range": f"bytes={lo}-{lo + 63}"}
+                )
+                r = conn.getresponse()
+                body = r.read()
+                statuses.append(r.status)
+                if r.status != 503:
+                    break
+            got.append(body)
+        conn.close()
+        assert got == want
+        runs.append((statuses, p.stats()))
+    assert runs[0] == runs[1] and runs[0][1]["503"] > 0, runs
+
+
+def test_fault_proxy_faults_are_what_they_claim(s3, small, small_url, fault_proxy):
+    from botocore.exceptions import ClientError, ReadTimeoutError, ResponseStreamingError
+
+    bucket, prefix = small_url[len("s3://") :].split("/", 1)
+    key = prefix + os.path.basename(small.paths[0])
+    p = fault_proxy(error_rate=1.0)
+    with pytest.raises(ClientError, match="503|SlowDown"):
+        s3_client(p.endpoint, retries=1).get_object(Bucket=bucket, Key=key)
+    p = fault_proxy(truncate_rate=1.0)
+    body = s3_client(p.endpoint, retries=1).get_object(Bucket=bucket, Key=key)["Body"]
+    with pytest.raises(ResponseStreamingError):
+        body.read()
+    p = fault_proxy(drop_rate=1.0)
+    with pytest.raises(Exception, match="(?i)connection|reset|closed|aborted"):
+        s3_client(p.endpoint, retries=1).get_object(Bucket=bucket, Key=key)
+    for knobs in (dict(blackhole=True), dict(stall_rate=1.0)):
+        p = fault_proxy(**knobs)
+        t0 = time.monotonic()
+        with pytest.raises(ReadTimeoutError):
+            c = s3_client(p.endpoint, retries=1, timeout=1)
+            c.get_object(Bucket=bucket, Key=key)["Body"].read()
+        assert time.monotonic() - t0 < HANG_BOUND
+        assert p.stats()["faults"] >= 1, p.stats()
