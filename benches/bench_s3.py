@@ -1,0 +1,483 @@
+#!/usr/bin/env python3
+"""shardstream over an object store: throughput and deep-resume cost against a local moto S3
+server (``python benches/bench_s3.py --help``; ``--quick`` for a small run).
+
+The shard set is benches/bench.py's (cached under ./bench-data): id int64, tokens
+list<int32> with 64..512 items, short strings, zstd, page index.  It is uploaded to a moto
+server started on 127.0.0.1 (in its own process, tests/objstore_server.py) and read with
+columns [id, tokens], batches of 1024 rows:
+
+  iter     rows/s: shardstream on the local path; shardstream over s3://; pyarrow
+           S3FileSystem(endpoint_override=moto) + ParquetFile.iter_batches over the same
+           objects (default, and pre_buffer=True); pyarrow on the local path; plain boto3
+           GETs of whole objects (moto's own ceiling)
+  resume   fresh process, over s3://: constructor (catalog open), load_state_dict -> first
+           batch at 1%/50%/90%; bytes and requests to the first batch (ds.stats()) against a
+           full read; baseline: pyarrow S3FileSystem reaching the same row with a row-group
+           seek (footer row counts) and dropping the rest of that row group's batches
+
+moto is a Python (werkzeug) server: on a 2-core machine it shares the CPU with the reader
+and is likely the bottleneck of every over-s3 number here; the "boto3 GET" row shows its
+ceiling.  Every measurement runs in a fresh child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from bench import BATCH, COLUMNS, ensure_data, warm_cache  # noqa: E402
+
+ALL = ("iter", "resume")
+BUCKET, PREFIX = "bench", "data"
+FRACS = [0.01, 0.5, 0.9]
+
+
+# =========================================================================== child side
+
+
+def _files(data: str) -> list[str]:
+    return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".parquet"))
+
+
+def _opts(endpoint: str) -> dict[str, str]:
+    from objstore_server import storage_options
+
+    return storage_options(endpoint)
+
+
+def _pa_fs(endpoint: str) -> Any:
+    import pyarrow.fs as pafs
+    from objstore_server import ACCESS_KEY, REGION, SECRET_KEY
+
+    return pafs.S3FileSystem(
+        endpoint_override=endpoint,
+        scheme="http",
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+        region=REGION,
+    )
+
+
+def _keys(spec: dict) -> list[str]:
+    return [f"{BUCKET}/{PREFIX}/{os.path.basename(p)}" for p in _files(spec["data"])]
+
+
+def _ss_iter(spec: dict) -> dict:
+    from shardstream import ParquetStream
+
+    remote = spec["source"].startswith("s3://")
+    kw = {"storage_options": _opts(spec["endpoint"])} if remote else {}
+    times, rows, stats = [], 0, {}
+    for _ in range(spec["repeat"]):
+        t = time.perf_counter()
+        ds = ParquetStream(spec["source"], columns=COLUMNS, batch_size=BATCH, output="arrow", **kw)
+        t_open = time.perf_counter() - t
+        opened = ds.stats() if remote else {}
+        rows = 0
+        for b in ds:
+            rows += b.num_rows
+        times.append(time.perf_counter() - t)
+        if remote:
+            end = ds.stats()
+            stats = {
+                "open": opened,
+                "read": {k: end[k] - opened.get(k, 0) for k in end},
+                "open_ms": t_open * 1e3,
+            }
+    return {"seconds": min(times), "rows": rows, **stats}
+
+
+def _pa_iter(spec: dict) -> dict:
+    import pyarrow.parquet as pq
+
+    fs = _pa_fs(spec["endpoint"]) if spec.get("endpoint") else None
+    paths = _keys(spec) if fs is not None else _files(spec["data"])
+    times, rows = [], 0
+    for _ in range(spec["repeat"]):
+        t = time.perf_counter()
+        rows = 0
+        for path in paths:
+            src = fs.open_input_file(path) if fs is not None else path
+            pf = pq.ParquetFile(src, pre_buffer=spec.get("pre_buffer", False))
+            for b in pf.iter_batches(batch_size=BATCH, columns=COLUMNS):
+                rows += b.num_rows
+            if fs is not None:
+                src.close()
+        times.append(time.perf_counter() - t)
+    return {"seconds": min(times), "rows": rows}
+
+
+def _boto_get(spec: dict) -> dict:
+    from objstore_server import s3_client
+
+    c = s3_client(spec["endpoint"])
+    t = time.perf_counter()
+    n = 0
+    for key in _keys(spec):
+        n += len(c.get_object(Bucket=BUCKET, Key=key.split("/", 1)[1])["Body"].read())
+    return {"seconds": time.perf_counter() - t, "bytes": n}
+
+
+def _ss_states(spec: dict) -> dict:
+    """Iterate the local copy once; save the state right after the first batch ending at or
+    after each fraction (a copy of the same files in the bucket is the same dataset)."""
+    from shardstream import ParquetStream
+
+    ds = ParquetStream(spec["data"], columns=COLUMNS, batch_size=BATCH, output="arrow")
+    n = ds.num_rows
+    targets = sorted((max(1, min(int(f * n), n - 2 * BATCH)), f) for f in spec["fracs"])
+    states: dict[str, Any] = {}
+    pending: list[str] = []
+    seen, i = 0, 0
+    for b in ds:
+        for key in pending:
+            states[key]["next_first_id"] = int(b.column(0)[0].as_py())
+        pending = []
+        seen += b.num_rows
+        while i < len(targets) and seen >= targets[i][0]:
+            key = repr(targets[i][1])
+            states[key] = {"state": ds.state_dict(), "rows_before": seen}
+            pending.append(key)
+            i += 1
+        if i >= len(targets) and not pending:
+            break
+    with open(spec["out"], "wb") as f:
+        pickle.dump(states, f)
+    return {k: {kk: vv for kk, vv in v.items() if kk != "state"} for k, v in states.items()}
+
+
+def _ss_resume(spec: dict) -> dict:
+    with open(spec["states"], "rb") as f:
+        st = pickle.load(f)[spec["key"]]
+    t0 = time.perf_counter()
+    from shardstream import ParquetStream
+
+    kw: dict[str, Any] = {}
+    if spec.get("readahead_threads") is not None:
+        kw["readahead_threads"] = spec["readahead_threads"]
+    ds = ParquetStream(
+        spec["source"],
+        columns=COLUMNS,
+        batch_size=BATCH,
+        output="arrow",
+        storage_options=_opts(spec["endpoint"]),
+        **kw,
+    )
+    t1 = time.perf_counter()
+    opened = ds.stats()
+    ds.load_state_dict(st["state"])
+    b = next(iter(ds))
+    t2 = time.perf_counter()
+    after = ds.stats()
+    return {
+        "ctor_ms": (t1 - t0) * 1e3,
+        "resume_ms": (t2 - t1) * 1e3,
+        "first_id": int(b.column(0)[0].as_py()),
+        "open": opened,
+        "resume": {k: after[k] - opened.get(k, 0) for k in after},
+    }
+
+
+def _pa_seek(spec: dict) -> dict:
+    """pyarrow over S3: jump to the row group holding row `rows_before` by footer row counts,
+    then read and drop batches up to it."""
+    import pyarrow.parquet as pq
+
+    fs = _pa_fs(spec["endpoint"])
+    t0 = time.perf_counter()
+    left = spec["rows_before"]
+    first_id = None
+    for path in _keys(spec):
+        f = fs.open_input_file(path)
+        pf = pq.ParquetFile(f)
+        if left >= pf.metadata.num_rows:
+            left -= pf.metadata.num_rows
+            continue
+        rgs = []
+        for g in range(pf.metadata.num_row_groups):
+            nrg = pf.metadata.row_group(g).num_rows
+            if not rgs and left >= nrg:
+                left -= nrg
+                continue
+            rgs.append(g)
+        for b in pf.iter_batches(batch_size=BATCH, columns=COLUMNS, row_groups=rgs):
+            if left >= b.num_rows:
+                left -= b.num_rows
+                continue
+            first_id = int(b.slice(left).column(0)[0].as_py())
+            break
+        break
+    return {"resume_ms": (time.perf_counter() - t0) * 1e3, "first_id": first_id}
+
+
+def child_main(spec: dict) -> dict:
+    import pyarrow.parquet  # noqa: F401
+    import shardstream  # noqa: F401
+
+    kinds = {
+        "ss_iter": _ss_iter,
+        "pa_iter": _pa_iter,
+        "boto_get": _boto_get,
+        "ss_states": _ss_states,
+        "ss_resume": _ss_resume,
+        "pa_seek": _pa_seek,
+    }
+    if spec["kind"] not in kinds:
+        raise SystemExit(f"unknown child kind {spec['kind']!r}")
+    return kinds[spec["kind"]](spec)
+
+
+# =========================================================================== parent side
+
+
+def run_child(spec: dict, timeout: float = 1800) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise RuntimeError(f"benchmark child {spec['kind']} failed (exit {p.returncode})")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def rate(r: dict) -> str:
+    return f"{r['rows'] / r['seconds'] / 1e6:.2f} M rows/s ({r['seconds']:.2f} s)"
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--only", default=",".join(ALL), help=f"subset of {','.join(ALL)}")
+    ap.add_argument("--rows", type=int, default=2_000_000, help="total rows (%(default)s)")
+    ap.add_argument("--shards", type=int, default=8, help="number of shards (%(default)s)")
+    ap.add_argument("--repeat", type=int, default=2, help="passes per throughput run; best kept")
+    ap.add_argument("--quick", action="store_true", help="200k rows, 2 shards, 1 pass")
+    ap.add_argument(
+        "--data-root", default=os.path.join(ROOT, "bench-data"), help="cache dir for shards"
+    )
+    ap.add_argument("--json", default=None, help="also write raw results to this file")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child is not None:
+        print(json.dumps(child_main(json.loads(args.child))), flush=True)
+        sys.stderr.flush()
+        os._exit(0)  # skip interpreter teardown (pyarrow's S3 client at exit)
+
+    if args.quick:
+        args.rows, args.shards, args.repeat = 200_000, 2, 1
+    which = [w.strip() for w in args.only.split(",") if w.strip()]
+    bad = sorted(set(which) - set(ALL))
+    if bad:
+        ap.error(f"unknown benchmark(s) {bad}; choose from {ALL}")
+
+    from objstore_server import MotoServer, s3_client
+
+    t_all = time.perf_counter()
+    data = ensure_data(args.data_root, args.rows, args.shards)
+    warm_cache(data)
+    files = _files(data)
+    size = sum(os.path.getsize(p) for p in files)
+    import pyarrow.parquet as pq
+
+    n_rg = sum(pq.ParquetFile(p).metadata.num_row_groups for p in files)
+    results: dict[str, Any] = {"rows": args.rows, "shards": args.shards, "data_bytes": size}
+    table: list[tuple[str, str, str, str]] = []
+
+    def status(msg: str) -> None:
+        print(f"# {msg}", file=sys.stderr, flush=True)
+
+    with MotoServer() as srv:
+        status(f"moto on {srv.endpoint}; uploading {len(files)} objects, {mib(size)}")
+        client = s3_client(srv.endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        for p in files:
+            with open(p, "rb") as f:
+                client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{os.path.basename(p)}", Body=f)
+        url = f"s3://{BUCKET}/{PREFIX}/"
+        base = {"data": data, "endpoint": srv.endpoint, "repeat": args.repeat}
+
+        full_read: dict[str, int] | None = None
+        if "iter" in which:
+            status("boto3 GET of every object (moto's ceiling)")
+            raw = run_child({**base, "kind": "boto_get"})
+            status("pyarrow, local path")
+            pa_local = run_child({**base, "kind": "pa_iter", "endpoint": None})
+            status("pyarrow S3FileSystem (default)")
+            pa_s3 = run_child({**base, "kind": "pa_iter"})
+            status("pyarrow S3FileSystem (pre_buffer=True)")
+            pa_s3_pb = run_child({**base, "kind": "pa_iter", "pre_buffer": True})
+            status("shardstream, local path")
+            ss_local = run_child({**base, "kind": "ss_iter", "source": data})
+            status("shardstream, s3://")
+            ss_s3 = run_child({**base, "kind": "ss_iter", "source": url})
+            for r in (pa_local, pa_s3, pa_s3_pb, ss_local):
+                if r["rows"] != ss_s3["rows"]:
+                    raise SystemExit(f"row count mismatch: {r['rows']} vs {ss_s3['rows']}")
+            results.update(
+                boto_get=raw,
+                pa_local=pa_local,
+                pa_s3=pa_s3,
+                pa_s3_prebuffer=pa_s3_pb,
+                ss_local=ss_local,
+                ss_s3=ss_s3,
+            )
+            full_read = ss_s3["read"]
+            best_pa = max(pa_s3, pa_s3_pb, key=lambda r: r["rows"] / r["seconds"])
+            tput = lambda r: r["rows"] / r["seconds"]  # noqa: E731
+            rd, op = ss_s3["read"], ss_s3["open"]
+            table += [
+                (
+                    "(a) iterate, local path",
+                    rate(ss_local),
+                    rate(pa_local) + " pyarrow iter_batches",
+                    f"{tput(ss_local) / tput(pa_local):.2f}x throughput",
+                ),
+                (
+                    "(b) iterate over s3:// (moto)",
+                    rate(ss_s3)
+                    + f"; {mib(rd['bytes'])} in {rd.get('http_requests', rd['requests'])} "
+                    f"requests, {rd['retries']} retries",
+                    rate(pa_s3) + " pyarrow S3FileSystem iter_batches",
+                    f"{tput(ss_s3) / tput(pa_s3):.2f}x throughput",
+                ),
+                (
+                    "(b) same, pyarrow with pre_buffer=True",
+                    "-",
+                    rate(pa_s3_pb),
+                    f"{tput(ss_s3) / tput(pa_s3_pb):.2f}x throughput",
+                ),
+                (
+                    "(c) s3 / local",
+                    f"{tput(ss_s3) / tput(ss_local):.2f}x",
+                    f"pyarrow best s3 / local {tput(best_pa) / tput(pa_local):.2f}x",
+                    "-",
+                ),
+                (
+                    "(d) catalog open over s3://",
+                    f"{ss_s3['open_ms']:.0f} ms; {op.get('http_requests', op['requests'])} "
+                    f"requests, {mib(op['bytes'])}",
+                    "-",
+                    "-",
+                ),
+                (
+                    "(e) moto ceiling: boto3 GET whole objects",
+                    f"{raw['bytes'] / raw['seconds'] / 2**20:.0f} MiB/s",
+                    f"shardstream's fetch rate while iterating "
+                    f"{rd['bytes'] / ss_s3['seconds'] / 2**20:.1f} MiB/s (decode-bound)",
+                    "-",
+                ),
+            ]
+
+        if "resume" in which:
+            with tempfile.TemporaryDirectory(prefix="ssbench-s3-") as tmp:
+                sf = os.path.join(tmp, "states.pkl")
+                status("resume states (local copy)")
+                info = run_child({**base, "kind": "ss_states", "fracs": FRACS, "out": sf})
+                if full_read is None:
+                    status("full read over s3:// (bytes reference)")
+                    full_read = run_child({**base, "kind": "ss_iter", "source": url, "repeat": 1})[
+                        "read"
+                    ]
+                res: dict[str, Any] = {}
+                for f in FRACS:
+                    k = repr(f)
+                    for ra in (None, 0):
+                        status(f"resume over s3:// at {f:.0%} (readahead_threads={ra})")
+                        r = run_child(
+                            {**base, "kind": "ss_resume", "source": url, "states": sf, "key": k,
+                             "readahead_threads": ra}
+                        )  # fmt: skip
+                        if r["first_id"] != info[k]["next_first_id"]:
+                            raise SystemExit(
+                                f"resume at {f}: first id {r['first_id']} != "
+                                f"{info[k]['next_first_id']}"
+                            )
+                        res[f"{k}-ra{ra}"] = r
+                    status(f"pyarrow S3 row-group seek to {f:.0%}")
+                    pa = run_child(
+                        {**base, "kind": "pa_seek", "rows_before": info[k]["rows_before"]}
+                    )
+                    if pa["first_id"] != info[k]["next_first_id"]:
+                        raise SystemExit(f"pyarrow seek baseline wrong at {f}: {pa}")
+                    res[f"{k}-pa"] = pa
+                results["resume"] = res
+                results["full_read"] = full_read
+                for f in FRACS:
+                    k = repr(f)
+                    r, r0, pa = res[f"{k}-raNone"], res[f"{k}-ra0"], res[f"{k}-pa"]
+                    rb, rb0 = r["resume"]["bytes"], r0["resume"]["bytes"]
+                    nreq = r["resume"].get("http_requests", r["resume"]["requests"])
+                    ss_total = r["resume_ms"] + r["ctor_ms"]
+                    table.append(
+                        (
+                            f"(f) resume over s3:// at {f:.0%}: load_state_dict -> first batch",
+                            f"{r['resume_ms']:.0f} ms (+ {r['ctor_ms']:.0f} ms constructor); "
+                            f"{mib(rb)} in {nreq} requests = {rb / full_read['bytes']:.2%} of "
+                            f"a full read's {mib(full_read['bytes'])} (readahead_threads=0: "
+                            f"{mib(rb0)} = {rb0 / full_read['bytes']:.2%}, "
+                            f"{r0['resume_ms']:.0f} ms)",
+                            f"{pa['resume_ms']:.0f} ms pyarrow S3 row-group seek + drop",
+                            f"pyarrow / shardstream time {pa['resume_ms'] / ss_total:.2f}x "
+                            "(shardstream incl. ctor)",
+                        )
+                    )
+
+    import shardstream
+
+    print()
+    print(
+        f"shardstream {getattr(shardstream, '__version__', '?')} | {args.rows:,} rows, "
+        f"{args.shards} shards, {n_rg} row groups, {mib(size)} zstd, tokens list<int32> "
+        f"64-512, columns "
+        f"[id, tokens], batch {BATCH} | moto {_moto_version()} on 127.0.0.1 | "
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} cores | {time.strftime('%Y-%m-%d')}"
+    )
+    quick = " --quick" if args.quick else ""
+    print(
+        f"command: python benches/bench_s3.py --rows {args.rows} --shards {args.shards} "
+        f"--only {','.join(which)} --repeat {args.repeat}{quick}"
+    )
+    print()
+    print("| benchmark | shardstream | baseline (same run) | ratio |")
+    print("|---|---|---|---|")
+    for row in table:
+        print("| " + " | ".join(row) + " |")
+    print()
+    print(f"(total bench time {time.perf_counter() - t_all:.0f}s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def _moto_version() -> str:
+    try:
+        import moto
+
+        return moto.__version__
+    except Exception:  # pragma: no cover
+        return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
