@@ -124,7 +124,11 @@ def _emit_json(obj: Any) -> None:
 # --------------------------------------------------------------------------- inspect
 
 
-def inspect_source(sources: Sequence[str], columns: Sequence[str] | None = None) -> dict[str, Any]:
+def inspect_source(
+    sources: Sequence[str],
+    columns: Sequence[str] | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Footer facts about a shard set and what they mean for resume speed (JSON-able dict).
 
     Keys: ``root``, ``shards`` (per shard: ``path``, ``rel_path``, ``size``, ``rows``,
@@ -137,7 +141,11 @@ def inspect_source(sources: Sequence[str], columns: Sequence[str] | None = None)
     """
     from ._core import RawCatalog
 
-    cat = RawCatalog([os.fspath(s) for s in sources], None if columns is None else list(columns))
+    cat = RawCatalog(
+        [os.fspath(s) for s in sources],
+        None if columns is None else list(columns),
+        storage_options,
+    )
     shards: list[dict[str, Any]] = []
     for s in cat.shards_info():
         rgs = [
@@ -263,7 +271,7 @@ def _print_inspect(info: dict[str, Any]) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    info = inspect_source(args.source, args.columns)
+    info = inspect_source(args.source, args.columns, _storage_options(args.storage_option))
     if args.json:
         _emit_json(info)
     else:
@@ -279,10 +287,31 @@ def _add_inspect(sub: Any) -> None:
         "shards, rows, row groups, sizes, whether each shard has a page index, the schema, and "
         "what that means for resume speed.",
     )
-    p.add_argument("source", nargs="+", metavar="SOURCE", help="file, directory or glob")
+    p.add_argument(
+        "source", nargs="+", metavar="SOURCE", help="file, directory, glob or s3:// etc. URL"
+    )
     p.add_argument("--columns", nargs="+", metavar="C", help="only these columns (schema)")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="object-store setting for URL sources (repeatable), as ParquetStream's "
+        "storage_options",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_run_inspect)
+
+
+def _storage_options(items: Sequence[str] | None) -> dict[str, str] | None:
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--storage-option expects KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------- state

@@ -169,6 +169,14 @@ fn rows_of(e: &Entry) -> Vec<RowGroupInfo> {
 /// Write the sidecar for every shard of `catalog` into its root (atomically: a temporary file
 /// renamed over the old one). Returns its path.
 pub fn write(catalog: &Catalog) -> Result<PathBuf> {
+    if catalog.is_remote() {
+        return Err(Error::Config(format!(
+            "the metadata sidecar is for local datasets; {} is in an object store (its footers \
+             are read with one request per shard, {} at a time)",
+            catalog.root().display(),
+            crate::store::FOOTER_CONCURRENCY
+        )));
+    }
     let shards = catalog
         .shards()
         .iter()

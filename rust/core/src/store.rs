@@ -41,11 +41,15 @@ use url::Url;
 
 use crate::error::{Error, Result};
 
-/// Ranges closer than this are fetched as one request (object_store's own default).
-const COALESCE_BYTES: u64 = object_store::OBJECT_STORE_COALESCE_DEFAULT;
+/// Ranges closer than this are fetched as one request. Contiguous pages merge anyway; the gaps
+/// that remain are between columns of a partial (resumed) row group, where object_store's 1 MiB
+/// default would download skipped pages. pyarrow's S3 pre-buffering uses 8 KiB; 64 KiB keeps a
+/// resume lean while merging the small dictionary/data page pairs.
+const COALESCE_BYTES: u64 = 64 * 1024;
 /// Bytes fetched from the end of an object to read its footer in one request in the common case
-/// (footer + offset index of a few hundred row groups fit; larger ones cost one more request).
-const FOOTER_PREFETCH: u64 = 256 * 1024;
+/// (pyarrow's default too). A larger footer, or an offset index outside this window, costs one
+/// more request; a larger window would cost every shard of a big set its bytes.
+const FOOTER_PREFETCH: u64 = 64 * 1024;
 /// Objects whose footers are fetched concurrently while opening a catalog.
 pub(crate) const FOOTER_CONCURRENCY: usize = 32;
 

@@ -147,10 +147,15 @@ impl Slab {
 /// resume does not wait for a whole piece to decode.
 const FIRST_PIECE_ROWS: u64 = 1024;
 
+/// Largest piece of a remote shard: a piece's pages are downloaded before it decodes and every
+/// readahead thread holds one, so this bounds memory and the wait for the first batch while
+/// keeping requests large (about 8 MiB for 16k rows of a few hundred tokens).
+const REMOTE_PIECE_ROWS: u64 = 16384;
+
 /// Where decoded batches come from: this thread, or readahead threads started on first use.
 enum Source {
     Sync {
-        segments: Segments,
+        segments: Pieces,
         reader: Option<SegmentReader>,
     },
     NotStarted(Pieces),
@@ -178,16 +183,28 @@ impl Input {
         opts: &StreamOptions,
     ) -> Self {
         let ranges = spec.ranges_after(cursor);
+        let piece_rows = if catalog.is_remote() {
+            opts.piece_rows.min(REMOTE_PIECE_ROWS)
+        } else {
+            opts.piece_rows
+        };
         let source = if opts.readahead_threads == 0 {
+            // A local segment is read lazily page by page, so it stays whole. A remote one is
+            // fetched before it decodes: cut it like readahead pieces, so the first batch after
+            // a resume waits for (and downloads) a small piece, not the rest of a row group.
+            let segments = if catalog.is_remote() {
+                Segments::new(plan.clone(), ranges, piece_rows).with_first_len(FIRST_PIECE_ROWS)
+            } else {
+                Segments::new(plan.clone(), ranges, u64::MAX)
+            };
             Source::Sync {
-                segments: Segments::new(plan.clone(), ranges, u64::MAX),
+                segments: Pieces::new(catalog.clone(), segments),
                 reader: None,
             }
         } else {
             Source::NotStarted(Pieces::new(
                 catalog.clone(),
-                Segments::new(plan.clone(), ranges, opts.piece_rows)
-                    .with_first_len(FIRST_PIECE_ROWS),
+                Segments::new(plan.clone(), ranges, piece_rows).with_first_len(FIRST_PIECE_ROWS),
             ))
         };
         Input {
