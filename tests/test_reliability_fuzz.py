@@ -295,8 +295,11 @@ def mutate_state(ctx: _Ctx, base_i: int, muts: list[tuple[str, int]]) -> tuple[A
 def check_loaded_stream(ctx: _Ctx, ds, state: Any, log: list[str]) -> str:
     """The stream after a successful load must be one a valid state could give."""
     ctx_msg = f"mutations {log}"
-    roundtrip = copy.deepcopy(ds.state_dict())
     try:
+        # state_dict() before iterating resolves this iterator's slot as iteration does: a
+        # single state of another layout (slot 1 of 2, say) loads, because DataLoader workers
+        # may yet give that layout, and is refused here when the layout turns out different.
+        roundtrip = copy.deepcopy(ds.state_dict())
         rest = keys_of(ds, ctx.batched)
     except StateError:
         # The contract validates fully on load; a refusal while iterating is still a refusal
