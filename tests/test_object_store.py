@@ -190,6 +190,16 @@ def tree_url(s3, tree) -> str:
 SETTINGS_ID = dict(output="python", columns=["id"], batch_size=4)
 
 
+def test_prefix_listing_equals_local_directory(s3, tree, tree_url):
+    """``s3://bucket/prefix/`` = every *.parquet below the prefix, in the local order."""
+    local_ds = ParquetStream(str(tree), **SETTINGS_ID)
+    ds = ParquetStream(tree_url, storage_options=s3.options(), **SETTINGS_ID)
+    rel_local = [os.path.relpath(p, tree) for p in local_ds.shards]
+    rel_s3 = [s[len(tree_url) :] for s in ds.shards]
+    assert rel_s3 == rel_local
+    assert keys_of(ds, True) == keys_of(local_ds, True)
+
+
 def test_prefix_without_trailing_slash_and_glob(s3, tree, tree_url):
     opts = s3.options()
     local = full_stream(os.path.join(str(tree), "*.parquet"), SETTINGS_ID)
@@ -206,6 +216,19 @@ def test_list_of_object_urls_equals_list_of_files(s3, tree, tree_url):
     local = full_stream([os.path.join(str(tree), r) for r in rels], SETTINGS_ID)
     got = full_stream([tree_url + r for r in rels], s3_settings(s3.options(), SETTINGS_ID))
     assert got == local
+
+
+def test_state_from_local_tree_resumes_over_s3(s3, tree, tree_url):
+    """The tree's relative paths sort differently as strings and as paths: the read order
+    (and so the fingerprint) must not depend on where the copy lives."""
+    settings = dict(output="python", columns=["id"], batch_size=4, shuffle_buffer=9, seed=4)
+    full = full_stream(str(tree), settings)
+    ds = make_ds(str(tree), settings)
+    k = len(full) // 2
+    take(iter(ds), k)
+    state = torch_roundtrip(ds.state_dict())
+    rest = resume_rest(tree_url, s3_settings(s3.options(), settings), state)
+    assert full[:k] + rest == full
 
 
 # ------------------------------------------------------------------ file:// URLs
@@ -349,9 +372,17 @@ def flat(keys: list) -> list[int]:
 # ------------------------------------------------------------------ faults
 
 
+def _objects_only(method: str, path: str) -> bool:
+    return "list-type=" not in path
+
+
 FAULTS = {
     "503": dict(error_rate=0.3),
     "drop": dict(drop_rate=0.3),
+    # a response cut off mid-body: object GETs only, then every request (list included)
+    "truncate-get": dict(truncate_rate=0.3, only=_objects_only),
+    "truncate": dict(truncate_rate=0.3),
+    "mixed": dict(error_rate=0.15, drop_rate=0.1, truncate_rate=0.1, delay_rate=0.2, delay=0.05),
 }
 
 
@@ -439,6 +470,8 @@ def test_silent_server_while_reading_raises_not_hangs(s3, small_url, fault_proxy
 
 MISSING = {
     "object": "{url}nope.parquet",
+    "bucket": "s3://no-such-bucket-shardstream/data/",
+    "object-in-missing-bucket": "s3://no-such-bucket-shardstream/data/shard-00000.parquet",
     "empty-prefix": "{url}empty-prefix/",
     "glob-without-match": "{url}*.nomatch",
 }
@@ -496,6 +529,17 @@ def test_good_credentials_on_an_auth_checking_server(auth_server, small):
     assert full_stream("s3://private/", s3_settings(opts, settings)) == local
     objs = ["s3://private/" + os.path.basename(p) for p in small.paths]
     assert full_stream(objs, s3_settings(opts, settings)) == local
+
+
+@pytest.mark.parametrize("which", ["unknown-key", "wrong-secret"])
+def test_bad_credentials_are_permission_error(auth_server, small, which):
+    server, (key, _secret), _ = auth_server
+    key, secret = ("AKIAUNKNOWNKEY000000", "x") if which == "unknown-key" else (key, "wrong")
+    opts = storage_options(server.endpoint, key=key, secret=secret, **GIVE_UP)
+    for url in ("s3://private/", "s3://private/" + os.path.basename(small.paths[1])):
+        _, err, _ = run_bounded(lambda u=url: ParquetStream(u, storage_options=opts).num_rows)
+        assert isinstance(err, PermissionError), f"{url}: {type(err).__name__}: {err}"
+        assert url.rstrip("/") in str(err), str(err)
 
 
 def test_denied_get_is_permission_error_naming_the_object(auth_server):

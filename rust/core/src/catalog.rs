@@ -436,7 +436,9 @@ fn open_remote(
     options: &BTreeMap<String, String>,
 ) -> Result<(PathBuf, Vec<Shard>, Vec<Arc<Store>>)> {
     let mut stores: Vec<Arc<Store>> = Vec::new();
-    let mut objects: BTreeMap<String, Object> = BTreeMap::new();
+    // Keyed by the URL as a path, so objects sort by path components exactly as local files do
+    // ("a/x" before "a-b"): a local copy and a bucket copy give the same stream.
+    let mut objects: BTreeMap<PathBuf, Object> = BTreeMap::new();
     for src in sources {
         let url =
             url::Url::parse(src).map_err(|e| Error::Config(format!("bad URL {src:?}: {e}")))?;
@@ -449,10 +451,10 @@ fn open_remote(
             }
         };
         for obj in store.resolve(&url, src)? {
-            objects.insert(obj.url(), obj);
+            objects.insert(PathBuf::from(obj.url()), obj);
         }
     }
-    let urls: Vec<PathBuf> = objects.keys().map(PathBuf::from).collect();
+    let urls: Vec<PathBuf> = objects.keys().cloned().collect();
     let root = common_root(&urls);
     let mut shards = Vec::with_capacity(objects.len());
     // Footers are fetched per store (each has its own client), keeping the global order.

@@ -133,7 +133,8 @@ fn runtime() -> Result<tokio::runtime::Handle> {
 }
 
 /// Counts HTTP attempts and failed ones around object_store's client (its retry loop calls us
-/// once per attempt, so failures seen here are the retried attempts).
+/// once per attempt, so failures seen here are the retried attempts): error statuses, transport
+/// errors, and bodies cut off after a good status (counted when the body read fails).
 #[derive(Debug)]
 struct Counting {
     inner: HttpClient,
@@ -152,7 +153,43 @@ impl HttpService for Counting {
         if failed {
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
         }
+        let stats = self.stats.clone();
+        r.map(|resp| {
+            resp.map(|body| {
+                object_store::client::HttpResponseBody::new(CountBodyErrors { inner: body, stats })
+            })
+        })
+    }
+}
+
+/// A response body that counts a failed read (a connection dropped mid-body) as a failed
+/// attempt: object_store re-requests the rest, like any other retried attempt.
+struct CountBodyErrors {
+    inner: object_store::client::HttpResponseBody,
+    stats: Arc<Stats>,
+}
+
+impl http_body::Body for CountBodyErrors {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<http_body::Frame<Bytes>, HttpError>>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Err(_))) = &r {
+            self.stats.retries.fetch_add(1, Ordering::Relaxed);
+        }
         r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -443,15 +480,32 @@ impl Store {
         let raw_owned = raw.to_string();
         let metas: Vec<ObjectMeta> = self.run(move |client| async move {
             let stats = store.stats.clone();
+            let retry = store.retry.clone();
             let list = |prefix: ObjPath| {
-                stats.requests.fetch_add(1, Ordering::Relaxed);
                 let client = client.clone();
+                let (stats, retry) = (stats.clone(), retry.clone());
                 async move {
                     let p = (!prefix.as_ref().is_empty()).then_some(prefix);
-                    client
-                        .list(p.as_ref())
-                        .try_collect::<Vec<ObjectMeta>>()
-                        .await
+                    // object_store retries each page request, but not a listing whose body is
+                    // cut off mid-way: retry the whole listing on such transient errors.
+                    let mut attempt = 0;
+                    loop {
+                        stats.requests.fetch_add(1, Ordering::Relaxed);
+                        let r = client
+                            .list(p.as_ref())
+                            .try_collect::<Vec<ObjectMeta>>()
+                            .await;
+                        match r {
+                            Err(e) if attempt < retry.max_retries && transient(&e) => {
+                                tokio::time::sleep(
+                                    retry.backoff_initial * 2u32.pow(attempt.min(6) as u32),
+                                )
+                                .await;
+                                attempt += 1;
+                            }
+                            r => return r,
+                        }
+                    }
                 }
             };
             if let Some(at) = glob_at {
@@ -501,13 +555,34 @@ impl Store {
                 etag: m.e_tag,
             })
             .collect();
-        out.sort_by(|a, b| a.location.cmp(&b.location));
+        out.sort_by(|a, b| {
+            std::path::Path::new(a.location.as_ref()).cmp(std::path::Path::new(b.location.as_ref()))
+        });
         Ok(out)
     }
 
     /// An object_store error as a core error naming the object or URL.
     pub(crate) fn error(&self, what: &str, e: object_store::Error) -> Error {
         use object_store::Error as E;
+        // Listing errors arrive as `Generic` with the HTTP status only in their text.
+        let e = match e {
+            E::Generic { store, source } => match status_in(&*source) {
+                Some(404) => E::NotFound {
+                    path: what.to_string(),
+                    source,
+                },
+                Some(401) => E::Unauthenticated {
+                    path: what.to_string(),
+                    source,
+                },
+                Some(403) => E::PermissionDenied {
+                    path: what.to_string(),
+                    source,
+                },
+                _ => E::Generic { store, source },
+            },
+            e => e,
+        };
         match e {
             E::NotFound { .. } => Error::NotFound {
                 path: what.to_string(),
@@ -528,6 +603,42 @@ impl Store {
                 source: std::io::Error::other(other.to_string()),
             },
         }
+    }
+}
+
+/// The HTTP status an error's message chain reports ("... status 404 Not Found ..."), if any.
+fn status_in(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        src = s.source();
+    }
+    for (code, reason) in [
+        (404, "Not Found"),
+        (403, "Forbidden"),
+        (401, "Unauthorized"),
+    ] {
+        if text.contains(&format!("{code} {reason}")) {
+            return Some(code);
+        }
+    }
+    None
+}
+
+/// Errors worth another try of a whole operation (not: missing, forbidden, changed).
+fn transient(e: &object_store::Error) -> bool {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { .. }
+        | E::PermissionDenied { .. }
+        | E::Unauthenticated { .. }
+        | E::Precondition { .. }
+        | E::NotSupported { .. }
+        | E::InvalidPath { .. } => false,
+        E::Generic { source, .. } => status_in(&**source).is_none(),
+        _ => true,
     }
 }
 
