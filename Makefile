@@ -114,6 +114,10 @@ $(BENCH_STAMP): $(BOOT_STAMP)
 bench: build $(BENCH_STAMP) ## Run benchmarks and print a table (BENCH_ARGS='--help' for options)
 	$(PY) benches/bench.py $(BENCH_ARGS)
 
+.PHONY: bench-s3
+bench-s3: build $(BENCH_STAMP) ## Object-store benchmark over a local moto S3 server (BENCH_S3_ARGS='--quick')
+	$(PY) benches/bench_s3.py $(BENCH_S3_ARGS)
+
 # --------------------------------------------------------------------------- lint
 
 $(LINT_STAMP): $(BOOT_STAMP)

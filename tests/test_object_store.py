@@ -774,3 +774,34 @@ def test_fault_proxy_faults_are_what_they_claim(s3, small, small_url, fault_prox
             c.get_object(Bucket=bucket, Key=key)["Body"].read()
         assert time.monotonic() - t0 < HANG_BOUND
         assert p.stats()["faults"] >= 1, p.stats()
+
+
+# ------------------------------------------------------------------ plain HTTP(S) objects
+
+
+def test_http_object_urls_equal_local(s3, small, small_url):
+    """``http(s)://host/path`` names single objects (plain HTTP has no listing): moto serves
+    the uploaded objects path-style over HTTP, with ranges and ETags, and no signature."""
+    bucket_prefix = small_url.removeprefix("s3://").rstrip("/")
+    bucket, prefix = bucket_prefix.split("/", 1)
+    client = s3_client(s3.endpoint)
+    for p in small.paths:  # anonymous readers need public objects
+        key = f"{prefix}/{os.path.basename(p)}"
+        client.put_object_acl(Bucket=bucket, Key=key, ACL="public-read")
+    urls = [f"{s3.endpoint}/{bucket_prefix}/{os.path.basename(p)}" for p in sorted(small.paths)]
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)
+    local = full_stream(small.root, settings)
+    got = full_stream(urls, {**settings, "storage_options": {"allow_http": "true"}})
+    assert got == local
+    ds = ParquetStream(urls, storage_options={"allow_http": "true"})
+    assert ds.shards == urls
+    # the state of the local copy resumes over HTTP
+    loc = make_ds(small.root, settings)
+    head = keys_of(take(iter(loc), 7), True)
+    remote = make_ds(urls, {**settings, "storage_options": {"allow_http": "true"}})
+    remote.load_state_dict(torch_roundtrip(loc.state_dict()))
+    assert head + keys_of(remote, True) == local
+    with pytest.raises(FileNotFoundError, match="nope.parquet"):
+        ParquetStream(
+            f"{s3.endpoint}/{bucket_prefix}/nope.parquet", storage_options={"allow_http": "true"}
+        )

@@ -62,7 +62,9 @@ def _storage_options(options: Mapping[str, str] | None) -> dict[str, str] | None
     if options is None:
         return None
     if not isinstance(options, Mapping):
-        raise TypeError(f"storage_options must be a dict of str to str, got {type(options).__name__}")
+        raise TypeError(
+            f"storage_options must be a dict of str to str, got {type(options).__name__}"
+        )
     out = {}
     for k, v in options.items():
         if not isinstance(k, str):
@@ -228,7 +230,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._read_batch_rows = read_batch_rows
         self._readahead_threads = readahead_threads
         self._readahead_depth = readahead_depth
-        self._catalog: RawCatalog | None = RawCatalog(self._sources, self._columns, self._storage_options)
+        self._catalog: RawCatalog | None = RawCatalog(
+            self._sources, self._columns, self._storage_options
+        )
         self._fingerprint: dict[str, Any] = self._catalog.fingerprint()
         self._first_epoch = 0
         # Every skip applied so far (this run and the runs it resumed from): state history.

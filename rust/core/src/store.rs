@@ -508,6 +508,13 @@ impl Store {
                     }
                 }
             };
+            // Plain HTTP has no listing (object_store would try WebDAV): a URL is one object.
+            let http = store.scheme == ObjectStoreScheme::Http;
+            if http && glob_at.is_some() {
+                return Err(Error::Config(format!(
+                    "{raw_owned}: http(s) URLs cannot be globbed (no listing); name the objects"
+                )));
+            }
             if let Some(at) = glob_at {
                 let prefix = ObjPath::from(key_str[..at].rsplit_once('/').map_or("", |(p, _)| p));
                 let pattern = glob::Pattern::new(&key_str)
@@ -522,11 +529,11 @@ impl Store {
                     .filter(|m| pattern.matches_with(m.location.as_ref(), opts))
                     .collect());
             }
-            if key_str.ends_with(".parquet") {
+            if http || key_str.ends_with(".parquet") {
                 stats.requests.fetch_add(1, Ordering::Relaxed);
                 match client.head(&key).await {
                     Ok(m) => return Ok(vec![m]),
-                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(object_store::Error::NotFound { .. }) if !http => {}
                     Err(e) => return Err(store.error(&raw_owned, e)),
                 }
             }
