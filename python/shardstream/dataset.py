@@ -617,9 +617,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             rb = stream.next_batch(ROW_MODE_CHUNK if room is None else min(room, ROW_MODE_CHUNK))
             if rb is None:
                 break
-            rows = conv.rows(rb)
-            last, chunk = len(rows), self._chunk
-            for i, row in enumerate(rows, 1):
+            last, chunk = rb.num_rows, self._chunk
+            for i, row in enumerate(conv.rows(rb), 1):
                 self._stale(generation)
                 if self._chunk != chunk:
                     break  # skip() moved the stream: the rest of this chunk is not yielded
