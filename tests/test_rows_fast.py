@@ -219,6 +219,29 @@ def test_edge_lists_by_hand():
     assert_same(fast(bools), bools.to_pylist())
 
 
+def test_shared_small_ints(monkeypatch):
+    """Non-negative ids below the limit come from the shared int table (grown on demand), all
+    others are made by numpy; both equal ``to_pylist()``, and the table is really used."""
+    monkeypatch.setattr(_rows, "_shared_ints", np.zeros(0, dtype=object))
+    limit = _rows._SHARED_INTS_MAX
+    cases = [
+        ([[0], [5, 300]], pa.int32(), 512),
+        ([[70_000, 1], []], pa.int64(), 1 << 17),  # grows the table
+        ([[3]], pa.uint8(), 1 << 17),  # smaller ids: the table is kept
+        ([[limit - 1, 0]], pa.uint32(), limit),
+        ([[limit, 0]], pa.int64(), limit),  # over the limit: not shared, table unchanged
+        ([[-1, 3]], pa.int16(), limit),
+        ([[2**63 - 1]], pa.int64(), limit),
+    ]
+    for rows, t, table_len in cases:
+        for typ in (pa.list_(t), pa.large_list(t)):
+            arr = pa.array(rows, typ)
+            assert_same(fast(arr), arr.to_pylist(), str(typ))
+        assert len(_rows._shared_ints) == table_len, (rows, t)
+    got = fast(pa.array([[1000, 1000], [1000]], pa.list_(pa.int32())))
+    assert got[0][0] is got[1][0] is _rows._shared_ints[1000]  # shared, not made per row
+
+
 def test_rows_duplicate_and_many_names():
     """Row dicts are built by generated code per column count: duplicate names keep the last
     value like ``to_pylist()``; 300 columns work."""
