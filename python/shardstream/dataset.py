@@ -119,7 +119,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         readahead_threads: background decoding threads per iterator (``0`` decodes in the
             caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1. Threads
             start on the first ``next()`` (inside the worker process), never before a fork.
-        readahead_depth: decoded batches each readahead thread may hold ready.
+        readahead_depth: decoded batches each readahead thread may hold ready. The defaults
+            (2048 x 8) hold as many rows in flight as 8192 x 2 did, in smaller batches that
+            iterated ~14% faster in paired runs (README, "Measured figures").
 
     Example:
         >>> import tempfile, shardstream.datagen as dg
@@ -150,9 +152,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         rank: int | None = None,
         world_size: int | None = None,
         even: str | None = "drop",
-        read_batch_rows: int = 8192,
+        read_batch_rows: int = 2048,
         readahead_threads: int | None = None,
-        readahead_depth: int = 2,
+        readahead_depth: int = 8,
     ) -> None:
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
