@@ -138,7 +138,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         readahead_threads: background decoding threads per iterator (``0`` decodes in the
             caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1. Threads
             start on the first ``next()`` (inside the worker process), never before a fork.
-        readahead_depth: decoded batches each readahead thread may hold ready.
+        readahead_depth: decoded batches each readahead thread may hold ready. The defaults
+            (2048 x 8) hold as many rows in flight as 8192 x 2 did, in smaller batches that
+            iterated ~14% faster in paired runs (README, "Measured figures").
         storage_options: settings for URL sources (``s3://``, ``gs://``, ``az://``/``abfs://``,
             ``https://``, ``file://``): the ``object_store`` crate's configuration keys for the
             scheme (e.g. ``{"aws_endpoint": "http://127.0.0.1:9000", "aws_region": "us-east-1",
@@ -176,9 +178,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         rank: int | None = None,
         world_size: int | None = None,
         even: str | None = "drop",
-        read_batch_rows: int = 8192,
+        read_batch_rows: int = 2048,
         readahead_threads: int | None = None,
-        readahead_depth: int = 2,
+        readahead_depth: int = 8,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
         if batch_size is not None and (
@@ -661,9 +663,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             rb = stream.next_batch(ROW_MODE_CHUNK if room is None else min(room, ROW_MODE_CHUNK))
             if rb is None:
                 break
-            rows = conv.rows(rb)
-            last, chunk = len(rows), self._chunk
-            for i, row in enumerate(rows, 1):
+            last, chunk = rb.num_rows, self._chunk
+            for i, row in enumerate(conv.rows(rb), 1):
                 self._stale(generation)
                 if self._chunk != chunk:
                     break  # skip() moved the stream: the rest of this chunk is not yielded
