@@ -69,3 +69,23 @@ def test_list_formats_match_split(lists_dir, output, fmt):
 def test_bad_list_format(lists_dir):
     with pytest.raises(ValueError, match="list_format"):
         ParquetStream(lists_dir, list_format="ragged")
+
+
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_null_rows_that_point_at_values_do_not_shift_later_rows(output):
+    """A null list row may still span values in the child array (legal Arrow): each row must be
+    sliced by its own offsets, not from the flattened non-null values."""
+    import pyarrow as pa
+    from shardstream.convert import Converter
+
+    child = pa.array([7, 8, 9, 10, 11, 12], pa.int32())
+    arr = pa.ListArray.from_arrays(
+        pa.array([0, 2, 4, 5, 6], pa.int32()), child, mask=pa.array([False, True, False, False])
+    )
+    want = [[7, 8], None, [11], [12]]
+    for a, expect in ((arr, want), (arr.slice(1), want[1:]), (arr.slice(2, 2), want[2:4])):
+        out = Converter(output, pa.schema([("t", a.type)]), "split").batch(
+            pa.record_batch([a], names=["t"])
+        )["t"]
+        got = [None if x is None else [int(v) for v in x] for x in out]
+        assert got == expect == a.to_pylist()

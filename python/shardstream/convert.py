@@ -73,10 +73,12 @@ class Converter:
         return arr.to_numpy(zero_copy_only=True)
 
     def _list_num(self, arr: pa.Array, fmt: str = "split") -> Any:
-        values = arr.flatten()
+        # Slice the child by the offsets (not ``flatten()``, which drops the values a null row
+        # may still point at and would shift every later row).
+        offsets = arr.offsets.to_numpy()
+        values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         if values.null_count:
             return arr.to_pylist()
-        offsets = arr.offsets.to_numpy()
         offsets = offsets - offsets[0]
         flat = self._num(values) if len(values) else None
         if flat is None:
