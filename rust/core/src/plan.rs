@@ -268,8 +268,13 @@ impl Segments {
         self
     }
 
-    /// Like [`Segments::new`], but only cut a segment at `max_len` rows when `splittable(shard)`.
-    pub fn next_with(&mut self, splittable: impl Fn(usize) -> bool) -> Option<Segment> {
+    /// Like [`Segments::new`], but a segment longer than the cap is cut where
+    /// `cut(shard, row_group, start, cap)` says: `Some(n)` rows (clamped to `1..=cap`), or
+    /// `None` to keep it whole (a shard that cannot seek cheaply).
+    pub fn next_with(
+        &mut self,
+        cut: impl Fn(usize, usize, u64, u64) -> Option<u64>,
+    ) -> Option<Segment> {
         let r = self.ranges.front_mut()?;
         let (i, off) = self.plan.find(r.start);
         let u = self.plan.units[self.plan.order[i] as usize];
@@ -278,8 +283,10 @@ impl Segments {
             .first_len
             .take()
             .map_or(self.max_len, |f| f.min(self.max_len));
-        if len > cap && splittable(u.shard as usize) {
-            len = cap;
+        if len > cap {
+            if let Some(n) = cut(u.shard as usize, u.row_group as usize, off, cap) {
+                len = n.clamp(1, cap);
+            }
         }
         r.start += len;
         if r.start == r.end {
@@ -298,7 +305,7 @@ impl Segments {
 impl Iterator for Segments {
     type Item = Segment;
     fn next(&mut self) -> Option<Segment> {
-        self.next_with(|_| true)
+        self.next_with(|_, _, _, cap| Some(cap))
     }
 }
 
@@ -404,7 +411,11 @@ mod tests {
             let walk = |segs: Vec<Segment>| segs.iter().flat_map(|s| s.first_row..s.first_row + s.len).collect::<Vec<_>>();
             let plain = walk(Segments::new(plan.clone(), ranges.clone(), u64::MAX).collect());
             let mut cut = Segments::new(plan.clone(), ranges.clone(), max_len).with_first_len(first);
-            let segs: Vec<Segment> = std::iter::from_fn(|| cut.next_with(|_| split)).collect();
+            // Cuts anywhere in 1..=cap (as page alignment picks them), or none.
+            let segs: Vec<Segment> = std::iter::from_fn(|| {
+                cut.next_with(|_, g, start, cap| split.then_some((start + g as u64 * 7) % cap + 1))
+            })
+            .collect();
             if split {
                 prop_assert!(segs.iter().all(|s| s.len <= max_len));
                 if let Some(s) = segs.first() { prop_assert!(s.len <= first); }

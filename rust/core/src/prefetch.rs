@@ -10,8 +10,9 @@
 //!   own), so starting readahead costs O(1) even when the range spans a million row groups.
 //! * Large row groups are cut into pieces of at most `piece_rows` rows when the file has an
 //!   offset index (each piece then decodes only its own pages), so even a few huge row groups
-//!   keep every thread busy. Without an offset index a piece would re-decode the pages before it,
-//!   so those row groups stay whole.
+//!   keep every thread busy. Cuts fall on page boundaries of the largest projected column where
+//!   possible, so its pages are fetched and decoded once (`page_aligned`). Without an offset
+//!   index a piece would re-decode the pages before it, so those row groups stay whole.
 //! * Fork safety: threads are only started on the first read (inside the DataLoader worker), and a
 //!   prefetcher that finds itself in a different process than the one that started it (a fork
 //!   happened) is abandoned without touching its channels, whose locks a vanished thread may hold.
@@ -24,7 +25,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, Shard};
 use crate::error::{panic_message, Error, Result};
 use crate::plan::{Segment, Segments};
 use crate::reader::SegmentReader;
@@ -53,9 +54,34 @@ impl Iterator for Pieces {
     type Item = Segment;
     fn next(&mut self) -> Option<Segment> {
         let catalog = &self.catalog;
-        self.segments
-            .next_with(|shard| catalog.shard(shard).has_offset_index)
+        self.segments.next_with(|shard, row_group, start, cap| {
+            let shard = catalog.shard(shard);
+            shard
+                .has_offset_index
+                .then(|| page_aligned(shard, row_group, start, cap).unwrap_or(cap))
+        })
     }
+}
+
+/// Where to end a piece that starts at row `start` of a row group and may hold `cap` rows: on a
+/// page boundary of the projected column with the most bytes in that row group, if one lies in
+/// the upper half of the allowance. A cut inside a page makes both pieces fetch and decode that
+/// page; for the dominant column (say, 1 MiB pages of token lists) that was a sizeable share of a
+/// remote read's bytes. `None`: no such boundary (cut at `cap`).
+fn page_aligned(shard: &Shard, row_group: usize, start: u64, cap: u64) -> Option<u64> {
+    let meta = shard.reader_meta().ok()?;
+    let md = meta.metadata();
+    let pages = md.offset_index()?.get(row_group)?;
+    let mask = shard.mask(meta);
+    let rg = md.row_group(row_group);
+    let col = (0..rg.num_columns())
+        .filter(|&c| mask.leaf_included(c))
+        .max_by_key(|&c| rg.column(c).compressed_size())?;
+    let locations = pages.get(col)?.page_locations();
+    let (lo, hi) = (start + cap / 2, start + cap);
+    let i = locations.partition_point(|p| (p.first_row_index.max(0) as u64) <= hi);
+    let first = locations[..i].last()?.first_row_index.max(0) as u64;
+    (first > start && first >= lo).then(|| first - start)
 }
 
 /// Background decoding of a fixed list of pieces, consumed in order.

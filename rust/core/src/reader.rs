@@ -134,10 +134,24 @@ fn open_remote_row_group(
         .with_batch_size(batch_rows.max(1))
         .build()
         .map_err(bad)?;
+    // The decoder asks for each column's dictionary page as its own range (chunk start to the
+    // first data page): those are the same for every piece of this row group.
+    let rg = meta.metadata().row_group(row_group);
+    let first_pages = meta
+        .metadata()
+        .offset_index()
+        .and_then(|oi| oi.get(row_group));
+    let dictionaries: Vec<std::ops::Range<u64>> = (0..rg.num_columns())
+        .filter_map(|c| {
+            let start = rg.column(c).dictionary_page_offset()?;
+            let end = first_pages?.get(c)?.page_locations().first()?.offset;
+            (0 <= start && start < end).then_some(start as u64..end as u64)
+        })
+        .collect();
     loop {
         match decoder.try_next_reader().map_err(bad)? {
             DecodeResult::NeedsData(ranges) => {
-                let data = obj.fetch(ranges.clone())?;
+                let data = obj.fetch_pages(ranges.clone(), &dictionaries)?;
                 decoder.push_ranges(ranges, data).map_err(bad)?;
             }
             DecodeResult::Data(reader) => return Ok(reader),

@@ -262,6 +262,40 @@ pub struct Store {
     stats: Arc<Stats>,
     /// The client of the current process (rebuilt after a fork).
     live: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+    /// Dictionary pages already fetched (see [`Object::fetch_pages`]).
+    dictionaries: Mutex<DictCache>,
+}
+
+/// Every piece of a row group needs its columns' dictionary pages (up to 1 MiB each for a
+/// high-cardinality column): kept here so the pieces after the first do not download them
+/// again. Bounded by bytes, oldest out first; entries are copies, so a cached page never pins a
+/// large download buffer.
+#[derive(Debug, Default)]
+struct DictCache {
+    pages: std::collections::HashMap<(ObjPath, u64, u64), Bytes>,
+    order: std::collections::VecDeque<(ObjPath, u64, u64)>,
+    bytes: usize,
+}
+
+const DICT_CACHE_BYTES: usize = 64 << 20;
+
+impl DictCache {
+    fn insert(&mut self, key: (ObjPath, u64, u64), page: Bytes) {
+        if page.len() > DICT_CACHE_BYTES / 4 || self.pages.contains_key(&key) {
+            return;
+        }
+        self.bytes += page.len();
+        self.pages.insert(key.clone(), page);
+        self.order.push_back(key);
+        while self.bytes > DICT_CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(b) = self.pages.remove(&old) {
+                self.bytes -= b.len();
+            }
+        }
+    }
 }
 
 /// One remote shard: its store, key, and the size and ETag seen when the catalog was opened.
@@ -317,6 +351,7 @@ impl Store {
             retry,
             stats: Arc::new(Stats::default()),
             live: Mutex::new(None),
+            dictionaries: Mutex::new(DictCache::default()),
         });
         store.client()?; // validate the options now
         Ok(store)
@@ -696,6 +731,51 @@ impl Object {
             .run(move |client| fetch_ranges(client, obj, ranges))
     }
 
+    /// [`Object::fetch`] for the page ranges a decoder asks for, where `dictionaries` are the
+    /// byte ranges of dictionary pages in them: those come from (and go to) the store's cache.
+    /// The cache lock is only tried, never waited for: a lock held by a thread that vanished in
+    /// a fork must not block the child, so contention just means a download.
+    pub fn fetch_pages(
+        &self,
+        ranges: Vec<Range<u64>>,
+        dictionaries: &[Range<u64>],
+    ) -> Result<Vec<Bytes>> {
+        let key = |r: &Range<u64>| (self.location.clone(), r.start, r.end);
+        let is_dict = |r: &Range<u64>| dictionaries.contains(r);
+        let mut out: Vec<Option<Bytes>> = match self.store.dictionaries.try_lock() {
+            Ok(cache) => ranges
+                .iter()
+                .map(|r| {
+                    is_dict(r)
+                        .then(|| cache.pages.get(&key(r)).cloned())
+                        .flatten()
+                })
+                .collect(),
+            Err(_) => vec![None; ranges.len()],
+        };
+        let missing: Vec<Range<u64>> = ranges
+            .iter()
+            .zip(&out)
+            .filter(|(_, o)| o.is_none())
+            .map(|(r, _)| r.clone())
+            .collect();
+        if missing.is_empty() {
+            return Ok(out.into_iter().flatten().collect());
+        }
+        let mut got = self.fetch(missing)?.into_iter();
+        let mut cache = self.store.dictionaries.try_lock().ok();
+        for (r, slot) in ranges.iter().zip(out.iter_mut()) {
+            if slot.is_none() {
+                let b = got.next().expect("one buffer per missing range");
+                if let (true, Some(c)) = (is_dict(r), cache.as_mut()) {
+                    c.insert(key(r), Bytes::copy_from_slice(&b));
+                }
+                *slot = Some(b);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
     /// The last `n` bytes' range (the whole object if smaller).
     pub(crate) fn suffix(&self, n: u64) -> Range<u64> {
         self.size.saturating_sub(n)..self.size
@@ -750,6 +830,22 @@ mod tests {
         );
         assert!(parse_duration("t", "fast").is_err());
         assert!(parse_duration("t", "5h").is_err());
+    }
+
+    #[test]
+    fn dictionary_cache_is_bounded_oldest_out() {
+        let mut c = DictCache::default();
+        let page = |n: usize| Bytes::from(vec![0u8; n]);
+        let key = |i: u64| (ObjPath::from("a.parquet"), i, i + 1);
+        c.insert(key(0), page(DICT_CACHE_BYTES / 4 + 1)); // too big for the cache: not kept
+        assert!(c.pages.is_empty());
+        for i in 0..5 {
+            c.insert(key(i), page(DICT_CACHE_BYTES / 4));
+        }
+        assert!(c.bytes <= DICT_CACHE_BYTES);
+        assert!(!c.pages.contains_key(&key(0)), "the oldest page goes first");
+        assert!(c.pages.contains_key(&key(4)));
+        assert_eq!(c.pages.len(), 4);
     }
 
     #[test]
