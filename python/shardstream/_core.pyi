@@ -46,7 +46,7 @@ class RawStream:
         read_batch_rows: int = 8192,
         readahead_threads: int = 0,
         readahead_depth: int = 2,
-        piece_rows: int = 65536,
+        piece_rows: int = 16384,
         even: str = "off",
         keep_batch_start: bool = False,
     ) -> RawStream: ...

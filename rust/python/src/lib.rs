@@ -173,7 +173,7 @@ impl RawStream {
     #[new]
     #[pyo3(signature = (catalog, *, seed, shuffle_buffer, first_epoch, epochs, slot_index, slot_count,
                         read_batch_rows=8192, readahead_threads=0, readahead_depth=2,
-                        piece_rows=65536, even="off", keep_batch_start=false))]
+                        piece_rows=16384, even="off", keep_batch_start=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
