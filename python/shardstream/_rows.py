@@ -22,7 +22,6 @@ it must. What it does instead (every value, type and ``None`` exactly as ``to_py
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -110,8 +109,21 @@ def _list_values(arr: pa.ListArray | pa.LargeListArray) -> Iterator[Any]:
     return parts
 
 
-@functools.lru_cache(maxsize=64)
+_ROW_MAKERS: dict[int, Callable[..., Iterator[dict[str, Any]]]] = {}
+
+
 def _row_maker(n: int) -> Callable[..., Iterator[dict[str, Any]]]:
+    """The cached :func:`_build_row_maker` for ``n`` columns (a plain dict: ``lru_cache``
+    would hide the signature from the stub checker)."""
+    maker = _ROW_MAKERS.get(n)
+    if maker is None:
+        if len(_ROW_MAKERS) >= 64:
+            _ROW_MAKERS.clear()
+        maker = _ROW_MAKERS[n] = _build_row_maker(n)
+    return maker
+
+
+def _build_row_maker(n: int) -> Callable[..., Iterator[dict[str, Any]]]:
     """``maker(*names, *columns)``: a generator of ``{names[0]: next(columns[0]), ...}``.
 
     Generated source (as ``collections.namedtuple`` does) because a dict display is ~3x faster
