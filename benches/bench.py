@@ -964,6 +964,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"command: python benches/bench.py --rows {args.rows} --shards {args.shards} "
           f"--only {','.join(which)} --repeat {args.repeat}")  # fmt: skip
+    print_table(table, t_all, results, args.json)
+    return 0
+
+
+def print_table(table: list, t_all: float, results: Any, json_path: str | None) -> None:
+    """The markdown table every bench prints (and its raw results as JSON, if asked)."""
     print()
     print("| benchmark | shardstream | baseline (same run) | ratio |")
     print("|---|---|---|---|")
@@ -971,10 +977,9 @@ def main(argv: list[str] | None = None) -> int:
         print("| " + " | ".join(row) + " |")
     print()
     print(f"(total bench time {time.perf_counter() - t_all:.0f}s)")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(results, f, indent=2)
-    return 0
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from bench import BATCH, COLUMNS, ensure_data, warm_cache  # noqa: E402
+from bench import BATCH, COLUMNS, ensure_data, print_table, warm_cache  # noqa: E402
 
 ALL = ("iter", "resume")
 BUCKET, PREFIX = "bench", "data"
@@ -457,16 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         f"command: python benches/bench_s3.py --rows {args.rows} --shards {args.shards} "
         f"--only {','.join(which)} --repeat {args.repeat}{quick}"
     )
-    print()
-    print("| benchmark | shardstream | baseline (same run) | ratio |")
-    print("|---|---|---|---|")
-    for row in table:
-        print("| " + " | ".join(row) + " |")
-    print()
-    print(f"(total bench time {time.perf_counter() - t_all:.0f}s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    print_table(table, t_all, results, args.json)
     return 0
 
 

@@ -424,6 +424,22 @@ impl Store {
             Error::Config(format!("cannot configure the store for {}: {e}", self.base))
         };
         let url = self.url.to_string();
+        // Each scheme has its own builder type (and config-key enum), configured alike: the
+        // user's options, then shardstream's retry policy and counting connector.
+        macro_rules! configured {
+            ($builder:expr) => {{
+                let mut b = $builder;
+                for (k, v) in &self.options {
+                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
+                }
+                Arc::new(
+                    b.with_retry(retry)
+                        .with_http_connector(connector)
+                        .build()
+                        .map_err(built_err)?,
+                )
+            }};
+        }
         let store: Arc<dyn ObjectStore> = match self.scheme {
             ObjectStoreScheme::Local => {
                 if let Some(k) = self.options.keys().next() {
@@ -432,52 +448,16 @@ impl Store {
                 Arc::new(object_store::local::LocalFileSystem::new())
             }
             ObjectStoreScheme::AmazonS3 => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
-                for (k, v) in &self.options {
-                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
-                }
-                Arc::new(
-                    b.with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(built_err)?,
-                )
+                configured!(object_store::aws::AmazonS3Builder::from_env().with_url(url))
             }
             ObjectStoreScheme::GoogleCloudStorage => {
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
-                for (k, v) in &self.options {
-                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
-                }
-                Arc::new(
-                    b.with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(built_err)?,
-                )
+                configured!(object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url))
             }
             ObjectStoreScheme::MicrosoftAzure => {
-                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url);
-                for (k, v) in &self.options {
-                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
-                }
-                Arc::new(
-                    b.with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(built_err)?,
-                )
+                configured!(object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url))
             }
             ObjectStoreScheme::Http => {
-                let mut b = object_store::http::HttpBuilder::new().with_url(self.base.clone());
-                for (k, v) in &self.options {
-                    b = b.with_config(k.parse().map_err(|_| bad(k))?, v);
-                }
-                Arc::new(
-                    b.with_retry(retry)
-                        .with_http_connector(connector)
-                        .build()
-                        .map_err(built_err)?,
-                )
+                configured!(object_store::http::HttpBuilder::new().with_url(self.base.clone()))
             }
             _ => {
                 return Err(Error::Config(format!(
