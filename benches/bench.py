@@ -164,13 +164,19 @@ def _pa_skip(data: str, rows_before: int, seek: bool) -> dict:
     """Baselines: reach row `rows_before` and produce the next batch with pyarrow.
     seek=False: read and drop batches (what a generic 'skip N' resume does).
     seek=True: use footer row counts to jump to the row group, then drop the remainder."""
+    return pa_skip_to(_files(data), rows_before, seek)
+
+
+def pa_skip_to(sources: Any, rows_before: int, seek: bool) -> dict:
+    """:func:`_pa_skip` over `sources`: anything `pyarrow.parquet.ParquetFile` opens (paths,
+    or files of a pyarrow filesystem opened lazily, so opening them is timed too)."""
     import pyarrow.parquet as pq
 
     t0 = time.perf_counter()
     left = rows_before
     first_id = None
-    for path in _files(data):
-        pf = pq.ParquetFile(path)
+    for source in sources:
+        pf = pq.ParquetFile(source)
         if seek:
             if left >= pf.metadata.num_rows:
                 left -= pf.metadata.num_rows

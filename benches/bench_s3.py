@@ -39,7 +39,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from bench import BATCH, COLUMNS, ensure_data, print_table, warm_cache  # noqa: E402
+from bench import BATCH, COLUMNS, ensure_data, pa_skip_to, print_table, warm_cache  # noqa: E402
 
 ALL = ("iter", "resume")
 BUCKET, PREFIX = "bench", "data"
@@ -194,34 +194,10 @@ def _ss_resume(spec: dict) -> dict:
 
 def _pa_seek(spec: dict) -> dict:
     """pyarrow over S3: jump to the row group holding row `rows_before` by footer row counts,
-    then read and drop batches up to it."""
-    import pyarrow.parquet as pq
-
+    then read and drop batches up to it (bench.py's baseline, on S3FileSystem files)."""
     fs = _pa_fs(spec["endpoint"])
-    t0 = time.perf_counter()
-    left = spec["rows_before"]
-    first_id = None
-    for path in _keys(spec):
-        f = fs.open_input_file(path)
-        pf = pq.ParquetFile(f)
-        if left >= pf.metadata.num_rows:
-            left -= pf.metadata.num_rows
-            continue
-        rgs = []
-        for g in range(pf.metadata.num_row_groups):
-            nrg = pf.metadata.row_group(g).num_rows
-            if not rgs and left >= nrg:
-                left -= nrg
-                continue
-            rgs.append(g)
-        for b in pf.iter_batches(batch_size=BATCH, columns=COLUMNS, row_groups=rgs):
-            if left >= b.num_rows:
-                left -= b.num_rows
-                continue
-            first_id = int(b.slice(left).column(0)[0].as_py())
-            break
-        break
-    return {"resume_ms": (time.perf_counter() - t0) * 1e3, "first_id": first_id}
+    files = (fs.open_input_file(path) for path in _keys(spec))
+    return pa_skip_to(files, spec["rows_before"], seek=True)
 
 
 def child_main(spec: dict) -> dict:
