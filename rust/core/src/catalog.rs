@@ -499,7 +499,7 @@ async fn read_remote_footer(
             format!("not a Parquet file: {} bytes long", obj.size),
         ));
     }
-    let tail_range = obj.suffix(crate::store::footer_prefetch());
+    let tail_range = obj.suffix(crate::store::FOOTER_PREFETCH);
     let tail = crate::store::fetch_ranges(client.clone(), obj.clone(), vec![tail_range.clone()])
         .await?
         .remove(0);

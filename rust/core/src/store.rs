@@ -49,7 +49,7 @@ const COALESCE_BYTES: u64 = 64 * 1024;
 /// Bytes fetched from the end of an object to read its footer in one request in the common case
 /// (pyarrow's default too). A larger footer, or an offset index outside this window, costs one
 /// more request; a larger window would cost every shard of a big set its bytes.
-const FOOTER_PREFETCH: u64 = 64 * 1024;
+pub(crate) const FOOTER_PREFETCH: u64 = 64 * 1024;
 /// Objects whose footers are fetched concurrently while opening a catalog.
 pub(crate) const FOOTER_CONCURRENCY: usize = 32;
 
@@ -760,11 +760,6 @@ impl Object {
     pub(crate) fn suffix(&self, n: u64) -> Range<u64> {
         self.size.saturating_sub(n)..self.size
     }
-}
-
-/// The footer prefetch size: see [`FOOTER_PREFETCH`].
-pub(crate) fn footer_prefetch() -> u64 {
-    FOOTER_PREFETCH
 }
 
 /// Run `f` over `items` with at most `n` in flight, on `store`'s runtime, in order.
