@@ -21,8 +21,9 @@ use std::sync::Arc;
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Even, Slot, SlotSpec};
+use crate::settings::StreamOptions;
+use crate::state::check_state;
 use crate::state::SlotState;
-use crate::stream::{check_state, StreamOptions};
 
 /// What one epoch still owes, in old-slot order.
 #[derive(Default)]
@@ -218,8 +219,8 @@ fn piece(r: &Remainder, new: Slot, even: Even) -> SlotSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::tests::{drain_ids, write_shards};
     use crate::stream::Stream;
+    use crate::test_util::{drain_ids, ids, write_shards};
     use proptest::prelude::*;
 
     fn opts(shuffle: usize, even: Even) -> StreamOptions {
@@ -258,7 +259,7 @@ mod tests {
                 for _ in 0..cuts[i as usize] {
                     let before = s.state().epoch;
                     match s.next_batch(bs).unwrap() {
-                        Some(b) => emitted.extend(crate::stream::tests::ids(&b).into_iter().map(|x| (before.max(s.state().epoch), x))),
+                        Some(b) => emitted.extend(ids(&b).into_iter().map(|x| (before.max(s.state().epoch), x))),
                         None => break,
                     }
                 }
@@ -272,7 +273,7 @@ mod tests {
                 loop {
                     let before = s.state().epoch;
                     match s.next_batch(bs).unwrap() {
-                        Some(b) => emitted.extend(crate::stream::tests::ids(&b).into_iter().map(|x| (before.max(s.state().epoch), x))),
+                        Some(b) => emitted.extend(ids(&b).into_iter().map(|x| (before.max(s.state().epoch), x))),
                         None => break,
                     }
                 }

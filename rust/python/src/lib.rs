@@ -98,7 +98,7 @@ impl RawCatalog {
     /// Write the metadata sidecar into the dataset root; returns its path.
     fn write_index(&self, py: Python<'_>) -> PyResult<String> {
         let cat = self.inner.clone();
-        let path = detach(py, move || shardstream_core::index::write(&cat))?;
+        let path = detach(py, move || shardstream_core::catalog::sidecar::write(&cat))?;
         Ok(path.display().to_string())
     }
 

@@ -14,9 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{
-    fill_schemas, indexed_shard, mtime_ns, read_footers, rel_path, Catalog, RowGroupInfo, Shard,
-};
+use super::footer::{fill_schemas, indexed_shard, mtime_ns, read_footers, rel_path};
+use super::{Catalog, RowGroupInfo, Shard};
 use crate::error::{Error, Result};
 
 /// File name of the sidecar, in the dataset root (the deepest directory holding every shard).
@@ -217,7 +216,7 @@ pub fn write(catalog: &Catalog) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::tests::{drain_ids, write_shards};
+    use crate::test_util::{drain_ids, write_shards};
     use crate::{Slot, Stream, StreamOptions};
     use std::sync::Arc;
 
