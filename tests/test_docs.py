@@ -1,5 +1,6 @@
 """Documentation that runs: every docstring example of the package, and the README's
-"Resuming a training run" example, are executed here so they cannot rot."""
+"Resuming a training run" example, are executed here so they cannot rot; the user guide's
+command-line section is checked against the parser."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import re
 import pytest
 import shardstream
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+GUIDE = os.path.join(ROOT, "docs", "guide.md")
 
 MODULES = sorted(
     ["shardstream"] + [m.name for m in pkgutil.iter_modules(shardstream.__path__, "shardstream.")]
@@ -47,12 +50,16 @@ def test_every_module_is_checked():
     assert "shardstream.cli" in MODULES and "shardstream.dataset" in MODULES
 
 
-def readme_section(title: str) -> str:
-    with open(README, encoding="utf-8") as f:
+def doc_section(path: str, title: str) -> str:
+    with open(path, encoding="utf-8") as f:
         text = f.read()
-    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", text, re.S | re.M)
-    assert m, f"README has no '## {title}' section"
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert m, f"{os.path.relpath(path, ROOT)} has no '## {title}' section"
     return m.group(1)
+
+
+def readme_section(title: str) -> str:
+    return doc_section(README, title)
 
 
 def python_blocks(section: str) -> list[str]:
@@ -75,12 +82,12 @@ def test_readme_resuming_a_training_run(tmp_path, monkeypatch, capsys):
     assert os.path.exists(tmp_path / "ckpt.pt")
 
 
-def test_readme_install_and_cli_sections_match_the_code():
+def test_install_and_cli_sections_match_the_code():
     install = readme_section("Install")
     assert "pip install shardstream" in install
     assert "make wheel && pip install dist/*.whl" in install
     assert "cp310-abi3" in install and "3.10" in install
-    cli_section = readme_section("Command line")
+    cli_section = doc_section(GUIDE, "Command line")
     from shardstream import cli
 
     parser = cli.build_parser()
