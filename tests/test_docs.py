@@ -1,6 +1,6 @@
 """Documentation that runs: every docstring example of the package, and the README's
-"Resuming a training run" example, are executed here so they cannot rot; the user guide's
-command-line section is checked against the parser."""
+"Quickstart" and "Resuming a training run" examples, are executed here so they cannot rot;
+the user guide's command-line section is checked against the parser."""
 
 from __future__ import annotations
 
@@ -66,17 +66,36 @@ def python_blocks(section: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", section, re.S | re.M)
 
 
+def run_readme_example(title: str, tmp_path, monkeypatch) -> str:
+    """Run the one ``python`` block of a README section as written, in ``tmp_path`` (where it
+    writes its demo data), and return the block's code."""
+    blocks = python_blocks(readme_section(title))
+    assert len(blocks) == 1, f"the section '{title}' should hold exactly one complete example"
+    code = blocks[0]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__readme__"}
+    exec(compile(code, f"{README}:{title}", "exec"), namespace)
+    return code
+
+
+def test_readme_quickstart(tmp_path, monkeypatch, capsys):
+    """The Quickstart runs as written on its own demo data, and its own check passes (the
+    resumed dataset's first batch is the batch the first one yields next)."""
+    code = run_readme_example("Quickstart", tmp_path, monkeypatch)
+    for needle in ("write_shards", "state_dict()", "load_state_dict", "assert "):
+        assert needle in code
+    assert capsys.readouterr().out == "10000 4 ['id', 'tokens']\n"
+    assert sorted(os.listdir(tmp_path / "data" / "train")) == [
+        f"shard-0000{i}.parquet" for i in range(4)
+    ]
+
+
 def test_readme_resuming_a_training_run(tmp_path, monkeypatch, capsys):
     """The full DataLoader + checkpoint example runs as written and its own check passes
     (the resumed run's batches equal one uninterrupted epoch)."""
-    blocks = python_blocks(readme_section("Resuming a training run"))
-    assert len(blocks) == 1, "the section should hold exactly one complete example"
-    code = blocks[0]
+    code = run_readme_example("Resuming a training run", tmp_path, monkeypatch)
     for needle in ("StatefulDataLoader", "torch.save", "weights_only=True", "load_state_dict"):
         assert needle in code
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__readme__"}
-    exec(compile(code, f"{README}:Resuming a training run", "exec"), namespace)
     out = capsys.readouterr().out
     assert re.search(r"resumed at step \d+, finished the epoch at step \d+", out), out
     assert os.path.exists(tmp_path / "ckpt.pt")
