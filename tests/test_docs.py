@@ -4,7 +4,10 @@ the user guide's command-line section is checked against the parser."""
 
 from __future__ import annotations
 
+import argparse
+import ast
 import doctest
+import glob
 import importlib
 import os
 import pkgutil
@@ -113,3 +116,192 @@ def test_install_and_cli_sections_match_the_code():
     sub = next(a for a in parser._actions if a.dest == "command")
     for name in sub.choices:  # every subcommand is documented
         assert f"`{name} " in cli_section or f"`{name}`" in cli_section, name
+
+
+def test_cli_section_names_every_option():
+    """Each subcommand's row in the guide's command-line table names all of its options."""
+    from shardstream import cli
+
+    rows = {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^\| `(\w+) [^\n]*", doc_section(GUIDE, "Command line"), re.M)
+    }
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    for name, parser in sub.choices.items():
+        assert name in rows, f"no table row for `{name}`"
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # internal (e.g. demo's child process), not documented
+            for opt in action.option_strings:
+                if opt not in ("-h", "--help"):
+                    assert opt in rows[name], f"`{name}` row does not name {opt}"
+
+
+# ------------------------------------------------------------------ links, paths, identifiers
+
+DOCS = [README] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+
+def prose(path: str) -> str:
+    """A Markdown file without its fenced code blocks."""
+    with open(path, encoding="utf-8") as f:
+        return re.sub(r"^```.*?^```", "", f.read(), flags=re.S | re.M)
+
+
+def anchors(path: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    out: set[str] = set()
+    for heading in re.findall(r"^#+ (.+)$", prose(path), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = sum(1 for a in out if a == slug or re.fullmatch(rf"{re.escape(slug)}-\d+", a))
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: os.path.relpath(p, ROOT))
+def test_doc_links_resolve(doc):
+    """Every relative link points at a file that exists, and every #anchor at a heading."""
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose(doc)):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto
+        path, _, anchor = target.partition("#")
+        full = os.path.normpath(os.path.join(os.path.dirname(doc), path)) if path else doc
+        if not os.path.exists(full):
+            bad.append(f"{target}: no such file")
+        elif anchor and anchor not in anchors(full):
+            bad.append(f"{target}: no heading with that anchor")
+    assert not bad, bad
+
+
+def named_paths(doc: str) -> list[str]:
+    """Repository paths the doc names in backticks (brace lists expanded, patterns skipped)."""
+    out = []
+    for span in re.findall(r"`([^`\n]+)`", prose(doc)):
+        m = re.fullmatch(r"((?:rust|python|tests|benches|docs|\.ci)/[\w./{},-]*)(?:::\S*)?", span)
+        if not m:
+            continue
+        path = m.group(1)
+        braces = re.search(r"\{([^}]*)\}", path)
+        parts = braces.group(1).split(",") if braces else [""]
+        for part in parts:
+            out.append(path[: braces.start()] + part + path[braces.end() :] if braces else path)
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: os.path.relpath(p, ROOT))
+def test_doc_paths_exist(doc):
+    """Files and directories the docs name exist (a moved file must take its docs along)."""
+    missing = [p for p in named_paths(doc) if not os.path.exists(os.path.join(ROOT, p))]
+    assert not missing, missing
+
+
+def rust_sources() -> str:
+    text = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "rust", "**", "*.rs"), recursive=True)):
+        with open(path, encoding="utf-8") as f:
+            text.append(f.read())
+    return "\n".join(text)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: os.path.relpath(p, ROOT))
+def test_doc_rust_functions_exist(doc):
+    """`Type::function` and `module::function` of shardstream's own Rust code that the docs
+    name are defined there (names of other crates, e.g. `object_store::...`, are not checked)."""
+    src = rust_sources()
+    ours = set(re.findall(r"\b(?:struct|enum|trait|type|mod)\s+([A-Za-z_]\w*)", src))
+    ours |= {
+        os.path.splitext(os.path.basename(p))[0]
+        for p in glob.glob(os.path.join(ROOT, "rust", "*", "src", "*.rs"))
+    }
+    missing = []
+    for owner, name in re.findall(r"`([A-Za-z_]\w*)::([a-z_]\w*)", prose(doc)):
+        if owner in ours and not re.search(rf"\bfn\s+{name}\b", src):
+            missing.append(f"{owner}::{name}")
+    assert not missing, missing
+
+
+# ------------------------------------------------------------------ the state format page
+
+STATE_FORMAT = os.path.join(ROOT, "docs", "state-format.md")
+
+
+def shape(obj):
+    """Keys and value types of a state, recursively (lists by their first item)."""
+    if isinstance(obj, dict):
+        return {k: shape(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [shape(obj[0])] if obj else []
+    return type(obj).__name__
+
+
+def leaves(obj, path=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from leaves(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from leaves(v, (*path, i))
+    else:
+        yield path, obj
+
+
+def quickstart_data(tmp_path) -> str:
+    from shardstream.datagen import write_shards
+
+    data = str(tmp_path / "data" / "train")
+    write_shards(data, num_shards=4, rows_per_shard=2_500)
+    return data
+
+
+def test_state_format_example_is_a_real_state(tmp_path):
+    """The example on the page is what state_dict() returns in the situation it describes:
+    same keys and types, same values except the digests of the files' bytes (which depend on
+    the pyarrow version that wrote them)."""
+    from shardstream import ParquetStream
+
+    block = python_blocks(doc_section(STATE_FORMAT, "An example"))[0]
+    documented = ast.literal_eval(re.sub(r"#[^\n]*", "", block))
+    ds = ParquetStream(
+        quickstart_data(tmp_path), columns=["id"], batch_size=64, shuffle_buffer=4, seed=0
+    )
+    it = iter(ds)
+    next(it)
+    next(it)
+    ds.skip(1)
+    real = ds.state_dict()
+    assert shape(documented) == shape(real)
+    volatile = {
+        ("fingerprint", "content"),
+        ("fingerprint", "buckets"),
+        ("position", "seek", "byte_offset"),
+    }
+    want = {p: v for p, v in leaves(documented) if p not in volatile}
+    assert want == {p: v for p, v in leaves(real) if p not in volatile}
+
+
+def test_state_format_documents_every_key(tmp_path):
+    """Every key a state can hold (elastic specs included) is described on the page."""
+    from shardstream import ParquetStream
+
+    data = quickstart_data(tmp_path)
+
+    def stream(rank, world):
+        return ParquetStream(
+            data, batch_size=64, shuffle_buffer=4, rank=rank, world_size=world, even=None
+        )
+
+    old = []
+    for rank in range(2):
+        ds = stream(rank, 2)
+        next(iter(ds))
+        ds.skip(1)
+        old.append(ds.state_dict())
+    new = stream(0, 3)
+    new.load_state_dict(old)  # another layout: the position carries specs
+    state = new.state_dict()
+    assert state["position"]["specs"] and state["skips"]
+    keys = {k for path, _ in leaves(state) for k in path if isinstance(k, str)}
+    with open(STATE_FORMAT, encoding="utf-8") as f:
+        page = f.read()
+    assert [k for k in sorted(keys) if f"| `{k}`" not in page and f"`{k}` (" not in page] == []
