@@ -305,3 +305,26 @@ def test_state_format_documents_every_key(tmp_path):
     with open(STATE_FORMAT, encoding="utf-8") as f:
         page = f.read()
     assert [k for k in sorted(keys) if f"| `{k}`" not in page and f"`{k}` (" not in page] == []
+
+
+def test_guide_signature_matches_the_code():
+    """The guide's ParquetStream signature has the code's parameters, order and defaults, and
+    its argument table has a row for every parameter."""
+    import inspect
+
+    from shardstream import ParquetStream
+
+    section = doc_section(GUIDE, "ParquetStream")
+    call = re.search(r"ds = ParquetStream\((.*?)\)\n", python_blocks(section)[0], re.S)
+    assert call, "no `ds = ParquetStream(...)` in the guide's ParquetStream section"
+    documented = re.sub(r"\s+", " ", call.group(1)).strip()
+    parts = []
+    for p in inspect.signature(ParquetStream).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and "*" not in parts:
+            parts.append("*")
+        default = f'"{p.default}"' if isinstance(p.default, str) else repr(p.default)
+        parts.append(p.name if p.default is p.empty else f"{p.name}={default}")
+    assert documented == ", ".join(parts)
+    table = "\n".join(line for line in section.splitlines() if line.startswith("| `"))
+    for name in inspect.signature(ParquetStream).parameters:
+        assert f"`{name}`" in table, f"the argument table has no row for `{name}`"
