@@ -75,6 +75,11 @@ $(EXT_STAMP): $(BOOT_STAMP) $(RUST_SRC)
 .PHONY: build
 build: $(EXT_STAMP) ## (Re)build the Rust extension if Rust sources changed (no-op otherwise)
 
+.PHONY: build-dev
+build-dev: $(BOOT_STAMP) ## Quick build for the edit/test loop (profile dev-opt: our crates -O1, dependencies -O3); `make build` restores release
+	VIRTUAL_ENV=$(VENV_ABS) $(MATURIN) develop --profile dev-opt --skip-install
+	@rm -f $(EXT_STAMP)
+
 .PHONY: rebuild
 rebuild: $(BOOT_STAMP) ## Force a rebuild of the Rust extension
 	@rm -f $(EXT_STAMP)
