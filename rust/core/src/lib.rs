@@ -13,6 +13,7 @@
 //! - [`state`]: a slot's position in row coordinates and the checks a loaded state must pass.
 //! - [`stream`]: one slot's batches across epochs: input, retained batches, the stream.
 //! - [`elastic`]: continue states saved by one layout of slots in another.
+//! - [`resume`]: where a stream starts: loaded states checked once, own / merged / carried over.
 //!
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
@@ -22,6 +23,7 @@ pub mod error;
 pub mod plan;
 pub mod prefetch;
 pub mod reader;
+pub mod resume;
 pub mod rng;
 pub mod settings;
 pub mod shuffle;
@@ -34,5 +36,7 @@ mod test_util;
 pub use catalog::{Catalog, Fingerprint, Shard};
 pub use error::{Error, Result};
 pub use plan::{Even, Slot, SlotSpec};
+pub use settings::{Layout, Settings, StreamOptions, Tuning};
+pub use state::Seek;
 pub use state::SlotState;
-pub use stream::{Seek, Stream, StreamOptions};
+pub use stream::Stream;

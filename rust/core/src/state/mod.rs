@@ -12,12 +12,37 @@
 //! never make the stream repeat or drop a row of the epoch.
 
 mod codec;
+pub mod envelope;
 
 pub use codec::{ids_from_base64, ids_to_base64, Base64Cache};
 
 use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Even, Slot, SlotSpec};
 use crate::settings::StreamOptions;
+
+/// Where the next read of a state starts: the seek a resume performs (informational in a saved
+/// state, and checked against the position on load).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seek {
+    /// Shard path relative to the catalog root.
+    pub shard: String,
+    pub row_group: u64,
+    /// Row within the row group.
+    pub row: u64,
+    /// Byte offset of the row group's first page in the file.
+    pub byte_offset: u64,
+}
+
+impl std::fmt::Display for Seek {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "shard {}, row group {}, row {}, byte offset {}",
+            self.shard, self.row_group, self.row, self.byte_offset
+        )
+    }
+}
 
 /// Where one slot stands, in row coordinates.
 #[derive(Debug, Clone, PartialEq, Eq)]

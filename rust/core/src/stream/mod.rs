@@ -12,6 +12,8 @@
 //! rows are re-read by id (hydration) before the next output.
 
 mod input;
+mod items;
+pub use items::skip_state;
 mod slab;
 
 use std::sync::Arc;
@@ -22,25 +24,14 @@ use arrow_select::concat::concat_batches;
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Segments, Slot, SlotSpec, Unit};
+use crate::resume::SkipLog;
 use crate::rng::{derive_key, Prng};
+use crate::settings::Settings;
 pub use crate::settings::StreamOptions;
 use crate::shuffle::Buffer;
-use crate::state::{check_state, Base64Cache, SlotState};
+use crate::state::{check_state, Base64Cache, Seek, SlotState};
 use input::{CoordRows, DataRows, Input};
 use slab::{hydrate, DataSide, Loc, Slab};
-
-/// Where the next read of a state starts: the seek a resume performs (informational in a saved
-/// state, and checked against the position on load).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Seek {
-    /// Shard path relative to the catalog root.
-    pub shard: String,
-    pub row_group: u64,
-    /// Row within the row group.
-    pub row: u64,
-    /// Byte offset of the row group's first page in the file.
-    pub byte_offset: u64,
-}
 
 /// The stream of one slot.
 pub struct Stream {
@@ -64,6 +55,13 @@ pub struct Stream {
     /// State before the last returned batch, when `keep_batch_start` is on (row mode).
     batch_start: Option<SlotState>,
     keep_batch_start: bool,
+    /// The settings the state records (items, drop_last, the user's `even`).
+    settings: Settings,
+    /// Every skip applied (history) and skips to apply again on reaching them (items.rs).
+    skips: SkipLog,
+    replay: SkipLog,
+    /// `next_item` returned the end of the pass.
+    ended: bool,
 }
 
 impl Stream {
@@ -82,6 +80,14 @@ impl Stream {
         ));
         let spec = slot.standard_spec(plan.total(), opts.even);
         let rng = Prng::new(buffer_key(&opts, opts.first_epoch, slot));
+        let settings = Settings {
+            seed: opts.seed,
+            shuffle_buffer: opts.shuffle_buffer,
+            batch_size: None,
+            drop_last: false,
+            epochs: opts.epochs,
+            even: opts.even,
+        };
         Ok(Stream {
             epoch: opts.first_epoch,
             cursor: 0,
@@ -99,6 +105,10 @@ impl Stream {
             encoded: Base64Cache::default(),
             batch_start: None,
             keep_batch_start: false,
+            settings,
+            skips: SkipLog::default(),
+            replay: SkipLog::default(),
+            ended: false,
         })
     }
 
@@ -201,36 +211,12 @@ impl Stream {
 
     /// The seek a resume from `st` starts with; `None` when its slot has no input left this epoch.
     pub fn seek_of(&self, st: &SlotState) -> Option<Seek> {
-        let plan = self.plan_for(st.epoch);
-        let spec = self.spec_of(&st.specs, st.epoch);
-        let next = spec.ranges_after(st.cursor).first()?.start;
-        if next >= plan.total() {
-            return None;
-        }
-        let (s, g, row) = self.catalog.locate(plan.row_at(next))?;
-        let shard = self.catalog.shard(s);
-        Some(Seek {
-            shard: shard.rel_path.clone(),
-            row_group: g as u64,
-            row,
-            byte_offset: shard.row_groups[g].byte_offset,
-        })
-    }
-
-    /// [`Stream::restore`], also checking a saved `seek` against the position it describes.
-    pub fn restore_checked(&mut self, st: &SlotState, seek: Option<&Seek>) -> Result<()> {
-        // Validate first (once): seek_of assumes a state that fits this stream.
-        let plan = self.check(st)?;
-        if let Some(saved) = seek {
-            let here = self.seek_of(st);
-            if here.as_ref() != Some(saved) {
-                return Err(Error::State(format!(
-                    "state's seek {saved:?} does not match its position, which resumes at {here:?}"
-                )));
-            }
-        }
-        self.apply(plan, st);
-        Ok(())
+        seek_of(
+            &self.catalog,
+            &self.plan_for(st.epoch),
+            &self.spec_of(&st.specs, st.epoch),
+            st,
+        )
     }
 
     /// The position after the first `k` rows of the last returned batch.
@@ -502,6 +488,28 @@ impl Stream {
         }
         Ok(out)
     }
+}
+
+/// The seek a resume from `st` (of a slot reading `spec` in `plan`'s epoch) starts with; `None`
+/// when the slot has no input left in that epoch.
+pub fn seek_of(
+    catalog: &Catalog,
+    plan: &EpochPlan,
+    spec: &SlotSpec,
+    st: &SlotState,
+) -> Option<Seek> {
+    let next = spec.ranges_after(st.cursor).first()?.start;
+    if next >= plan.total() {
+        return None;
+    }
+    let (s, g, row) = catalog.locate(plan.row_at(next))?;
+    let shard = catalog.shard(s);
+    Some(Seek {
+        shard: shard.rel_path.clone(),
+        row_group: g as u64,
+        row,
+        byte_offset: shard.row_groups[g].byte_offset,
+    })
 }
 
 fn buffer_key(opts: &StreamOptions, epoch: u64, slot: Slot) -> [u8; 32] {
