@@ -41,6 +41,7 @@ what differs when a state does not belong here.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -127,18 +128,66 @@ def _int(v: Any, what: str, *, minimum: int = 0, maximum: int = U64_MAX) -> int:
 def gather(obj: Any) -> list[dict[str, Any]]:
     """Every shardstream state inside ``obj``: a state, a list of states (e.g. one per rank), a
     StatefulDataLoader ``state_dict()`` (worker states are nested in it), or lists of those."""
-    if isinstance(obj, dict):
-        # Any of our top-level keys marks a (maybe broken) state: check() then says what is wrong.
-        if (
-            KEY_FORMAT in obj
-            or (KEY_POSITION in obj and KEY_FINGERPRINT in obj)
-            or KEY_SETTINGS in obj
-        ):
-            return [obj]
-        return [s for v in obj.values() for s in gather(v)]
-    if isinstance(obj, (list, tuple)):
-        return [s for v in obj for s in gather(v)]
-    return []
+    return [s for _, s in find_states(obj)]
+
+
+#: More states than any layout has (ranks x workers); only shared references reach it, in an
+#: object built to make listing them take exponential time.
+MAX_STATES = 2**20
+
+
+def find_states(obj: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The states of :func:`gather`, each with where it is in ``obj`` as the subscripts that
+    reach it (``"['loader'][0]"``; ``""`` for ``obj`` itself).
+
+    Depth first, dict values and list items in order, without recursion (nesting depth is no
+    limit). A container inside itself is not entered again; one reached twice by reference is
+    listed twice, as loading would see it (walked once if it holds no state).
+
+    Raises:
+        StateError: more than ``MAX_STATES`` states.
+    """
+    found: list[tuple[Any, dict[str, Any]]] = []
+    walking: set[int] = set()  # containers being walked: reaching one again is a cycle
+    stateless: set[int] = set()  # containers walked before that hold no state
+    done = object()  # marks the end of a container's walk on the stack
+    stack: list[tuple[Any, Any]] = [(obj, None)]  # (object, where: None | (parent, key))
+    while stack:
+        o, where = stack.pop()
+        if o is done:
+            ident, before = where
+            walking.discard(ident)
+            if len(found) == before:
+                stateless.add(ident)
+            continue
+        if isinstance(o, dict):
+            # Any of our top-level keys marks a (maybe broken) state: check() then says what
+            # is wrong.
+            if KEY_FORMAT in o or (KEY_POSITION in o and KEY_FINGERPRINT in o) or KEY_SETTINGS in o:
+                if len(found) == MAX_STATES:
+                    raise StateError(f"more than {MAX_STATES} shardstream states in one object")
+                found.append((where, o))
+                continue
+            items: list[tuple[Any, Any]] = list(o.items())
+        elif isinstance(o, (list, tuple)):
+            items = list(enumerate(o))
+        else:
+            continue
+        ident = id(o)
+        if ident in walking or ident in stateless:
+            continue
+        walking.add(ident)
+        stack.append((done, (ident, len(found))))
+        stack.extend((v, (where, k)) for k, v in reversed(items))
+    return [(_where(w), s) for w, s in found]
+
+
+def _where(node: Any) -> str:
+    keys = []
+    while node is not None:
+        node, k = node
+        keys.append(repr(k) if isinstance(k, (str, int)) else reprlib.repr(k))
+    return "".join(f"[{k}]" for k in reversed(keys))
 
 
 class Checked(NamedTuple):
