@@ -7,12 +7,14 @@ pyarrow's own reading of the footers; ``state`` reads states made by the real AP
 
 from __future__ import annotations
 
+import argparse
 import base64
 import copy
 import io
 import json
 import os
 import pickle
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,7 +24,9 @@ import pytest
 import shardstream
 import torch
 from shardstream import ParquetStream, cli, datagen
-from shardstream._progress import Progress
+from shardstream.cli import inspect as cli_inspect
+from shardstream.cli._progress import Progress
+from shardstream.cli.state import describe_state
 
 PY = sys.executable
 
@@ -138,6 +142,50 @@ def test_adding_a_command_is_a_registration(capsys):
         cli.COMMANDS.remove(add_hello)
 
 
+def _subparsers(parser):
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+def test_help_is_plain_text_not_rst():
+    """--help of every command shows no reStructuredText markup (``literals``, :func:`roles`,
+    "::" literal-block markers) from the docstrings it is built from."""
+    import re
+
+    parser = cli.build_parser()
+    commands = _subparsers(parser)
+    assert set(commands) == {"inspect", "state", "index", "demo", "bench"}
+    for name, p in [("", parser), *commands.items()]:
+        text = p.format_help()
+        assert "``" not in text, (name, text)
+        assert not re.search(r":[a-z]+:`", text), (name, text)
+        assert not re.search(r"::$", text, re.M), (name, text)
+        assert ">>>" not in text, (name, text)
+    # The docstrings they come from do hold such markup (so this test can fail).
+    assert "``" in (cli.demo.__doc__ or "") and "``" in (cli.bench.__doc__ or "")
+    assert ":func:`" in (shardstream.index.__doc__ or "")
+
+
+def test_write_fresh_shards_replaces_an_earlier_layout(tmp_path):
+    from shardstream.cli._common import write_fresh_shards
+
+    datagen.write_shards(tmp_path, num_shards=5, rows_per_shard=3)  # an earlier run's layout
+    (tmp_path / "notes.txt").write_text("kept")
+    paths = write_fresh_shards(str(tmp_path), 10, 3, desc="writing", seed=4)
+    assert sorted(os.listdir(tmp_path)) == [
+        "notes.txt",
+        "shard-00000.parquet",
+        "shard-00001.parquet",
+        "shard-00002.parquet",
+    ]
+    assert [pq.read_metadata(p).num_rows for p in paths] == [4, 3, 3]
+    ids = [i for p in paths for i in pq.read_table(p, columns=["id"]).column("id").to_pylist()]
+    assert ids == list(range(10))
+    tokens = pq.read_table(paths[0], columns=["tokens"]).column("tokens").to_pylist()
+    assert tokens == [datagen.expected_tokens(i, tokens_len=(16, 128)) for i in range(4)]
+    assert pq.ParquetFile(paths[0]).metadata.row_group(0).column(0).has_offset_index
+
+
 # --------------------------------------------------------------------------- inspect
 
 
@@ -213,7 +261,7 @@ def test_inspect_text_table(capsys, nopi_data):
 
 
 def test_inspect_flags_huge_row_groups_without_page_index(capsys, nopi_data, monkeypatch):
-    monkeypatch.setattr(cli, "SLOW_ROW_GROUP_ROWS", 100)
+    monkeypatch.setattr(cli_inspect, "SLOW_ROW_GROUP_ROWS", 100)
     rc, out, _ = main_rc(capsys, "inspect", nopi_data, "--json")
     info = json.loads(out)
     assert rc == 0 and info["resume"]["verdict"] == "slow"
@@ -362,22 +410,21 @@ def test_state_with_skips(tmp_path, capsys, pi_data):
         assert rc == 0, out
 
 
-def test_state_version_1_is_shown(tmp_path, capsys, pi_data):
-    """Older states (version 1: no ``skips``, fewer fingerprint keys) are still readable."""
+def test_state_version_1_is_refused_naming_the_version(tmp_path, capsys, pi_data):
+    """Version 1 states (only ever written by development builds) are parsed by the core like
+    any state and refused there, so the CLI says what the library would: unsupported version."""
     st = _state_after(pi_data, 2)
     st.pop("skips", None)
     st["version"] = 1
     st["fingerprint"] = {k: st["fingerprint"][k] for k in ("shards", "rows", "paths", "content")}
-    d = cli.describe_state(st)
-    assert d["version"] == 1 and d["skips"] == [] and d["skipped_rows"] == 0
-    assert d["problems"] == [] and d["emitted"] == 20
+    d = describe_state(st)
+    assert d["version"] is None and len(d["problems"]) == 1, d
+    assert "version 1 is not supported" in d["problems"][0]
     f = tmp_path / "v1.json"
     f.write_text(json.dumps(st))
     rc, out, err = main_rc(capsys, "state", str(f), "--source", pi_data)
-    assert "version 1" in out and "not recorded" in out
-    assert rc in (0, 1) and err == ""  # whether this library still loads v1 is its business
-    if rc == 1:
-        assert "DOES NOT MATCH" in out
+    assert rc == 2 and out == "" and "version 1 is not supported" in err, (rc, out, err)
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_state_dcp_directory(tmp_path, pi_data):
@@ -429,6 +476,119 @@ def test_state_bad_input(tmp_path, capsys):
     assert rc == 2 and "directory" in err
 
 
+# --------------------------------------------------------------------------- untrusted files
+
+
+class _Evil:
+    """Unpickling this runs ``touch MARKER`` (what a planted checkpoint could do)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def test_the_malicious_pickle_runs_code_when_unpickled(tmp_path):
+    """The payload the refusal tests use really executes under plain pickle.load."""
+    marker = tmp_path / "pwned"
+    pickle.loads(pickle.dumps(_Evil(str(marker))))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("torch_installed", [True, False], ids=["torch", "no-torch"])
+def test_checkpoint_loader_refuses_malicious_pickles(tmp_path, monkeypatch, torch_installed):
+    """load_latest_checkpoint reads a planted pickle without running it and says so (rather
+    than silently falling back to an older checkpoint), with and without torch."""
+    from shardstream.checkpoint import checkpoint_path, load_latest_checkpoint, save_checkpoint
+
+    if not torch_installed:
+        monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    marker = tmp_path / "pwned"
+    d = tmp_path / "ckpt"
+    save_checkpoint({"step": 5}, d, 5)
+    assert load_latest_checkpoint(d) == (5, {"step": 5}, checkpoint_path(d, 5))
+    planted = checkpoint_path(d, 7)
+    with open(planted, "wb") as f:
+        pickle.dump({"model": _Evil(str(marker))}, f)
+    with pytest.raises(
+        pickle.UnpicklingError, match=r"ckpt-000000000007\.pt: refusing to load posix\.system"
+    ):
+        load_latest_checkpoint(d)
+    assert not marker.exists()
+    # The torch.save (zip) form of the same payload (this module's torch is the real one):
+    # torch's weights_only loader refuses it; without torch it cannot be read at all.
+    with open(planted, "wb") as f:
+        f.write(_zip_torch({"model": _Evil(str(marker))}))
+    if torch_installed:
+        with pytest.raises(pickle.UnpicklingError, match="refusing to load posix.system"):
+            load_latest_checkpoint(d)
+    else:
+        with pytest.raises(ImportError, match="ckpt-000000000007.pt: a torch.save file; .*torch"):
+            load_latest_checkpoint(d)
+    assert not marker.exists()
+    # Damage is still skipped in favour of the previous checkpoint.
+    with open(planted, "wb") as f:
+        f.write(pickle.dumps({"step": 7})[:-3])
+    assert load_latest_checkpoint(d)[:2] == (5, {"step": 5})
+
+
+def test_without_torch_in_a_fresh_process(tmp_path, pi_data):
+    """torch really absent (blocked before anything imports it): checkpoints round-trip as
+    plain pickles, the planted one is refused by both the loader and the CLI."""
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"loader": _Evil(str(marker))}))
+    state = tmp_path / "state.pt"
+    state.write_bytes(pickle.dumps({"loader": _state_after(pi_data, 2)}))
+    ck = str(tmp_path / "ck")
+    script = f"""
+import pickle, shutil, sys
+sys.modules["torch"] = None  # as if torch were not installed: `import torch` fails
+from shardstream.checkpoint import load_latest_checkpoint, save_checkpoint
+from shardstream.cli import main
+
+save_checkpoint({{"step": 3, "w": [1.5, None]}}, {ck!r}, 3)
+print(load_latest_checkpoint({ck!r})[:2])
+shutil.copy({str(evil)!r}, {ck!r} + "/ckpt-000000000009.pt")
+try:
+    load_latest_checkpoint({ck!r})
+except pickle.UnpicklingError as e:
+    print("refused:", e)
+sys.stdout.flush()
+rc = main(["state", {str(state)!r}, "--source", {pi_data!r}, "--json"])
+print("state rc", rc, file=sys.stderr)
+sys.exit(main(["state", {str(evil)!r}]))
+"""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "(3, {'step': 3, 'w': [1.5, None]})"
+    assert lines[1].startswith("refused: ") and "refusing to load posix.system" in lines[1]
+    assert json.loads("\n".join(lines[2:]))["all_match"] is True
+    err = proc.stderr.splitlines()
+    assert err[0] == "state rc 0"
+    assert err[1].startswith(f"shardstream state: error: {evil}: refusing to load posix.system")
+    assert len(err) == 2 and "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_state_refuses_malicious_pickle(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    for name, data in (
+        ("evil.pkl", pickle.dumps({"loader": _Evil(str(marker))})),
+        ("evil.pt", _zip_torch({"loader": _Evil(str(marker))})),
+        ("evil-legacy.pt", _legacy_torch({"loader": _Evil(str(marker))})),
+    ):
+        f = tmp_path / name
+        f.write_bytes(data)
+        rc, out, err = main_rc(capsys, "state", str(f))
+        assert (rc, out) == (2, "") and not marker.exists(), (name, err)
+        assert err.startswith(f"shardstream state: error: {f}: refusing to load posix.system")
+        assert err.count("\n") == 1
+
+
 def test_state_source_missing_is_bad_input(tmp_path, capsys, pi_data):
     f = tmp_path / "s.json"
     f.write_text(json.dumps(_state_after(pi_data, 1)))
@@ -438,19 +598,192 @@ def test_state_source_missing_is_bad_input(tmp_path, capsys, pi_data):
 
 
 def test_malformed_state_is_described_not_crashed(capsys):
-    d = cli.describe_state(
+    d = describe_state(
         {"format": "shardstream.ParquetStream", "version": 9, "position": 3, "skips": "x"}
     )
-    assert len(d["problems"]) == 3 and d["percent"] is None
+    # The core parses it as a load would and names the first thing wrong (the version).
+    assert d["problems"] == ["state version 9 is not supported: this shardstream reads version 2"]
+    assert d["percent"] is None
+
+
+def _cut(st: dict, *path: str, keep: int) -> dict:
+    """A copy of ``st`` with the string at ``path`` cut to ``keep`` characters."""
+    st = copy.deepcopy(st)
+    d = st
+    for k in path[:-1]:
+        d = d[k]
+    d[path[-1]] = d[path[-1]][:keep]
+    return st
+
+
+def _nested(inner: object, depth: int) -> object:
+    for _ in range(depth):
+        inner = [inner]
+    return inner
+
+
+def _deep_pickle(obj: object) -> bytes:
+    """pickle.dumps of deeply nested data (the pickler recurses; the unpickler does not)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + 20_000)
+    try:
+        return pickle.dumps(obj)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _zip_torch(obj: object) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _legacy_torch(obj: object) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf, _use_new_zipfile_serialization=False)
+    return buf.getvalue()
+
+
+def _half(b: bytes) -> bytes:
+    return b[: len(b) // 2]
+
+
+def _bad_inputs(st: dict) -> dict:
+    """name -> (file bytes or None for a directory, words the one-line error must hold)."""
+    loop: list = []
+    loop.append(loop)
+    seed_deep = copy.deepcopy(st)
+    seed_deep["settings"]["seed"] = _nested(0, 5000)
+    emitted_str = copy.deepcopy(st)
+    emitted_str["position"]["emitted"] = "12"
+    no_slot = copy.deepcopy(st)
+    no_slot["slot"] = None
+    return {
+        "deep JSON list": (b"[" * 5000 + b"]" * 5000, ["nested too deeply"]),
+        "deep JSON dict": (b'{"a":' * 5000 + b"1" + b"}" * 5000, ["nested too deeply"]),
+        "truncated torch.save": (_half(_zip_torch({"loader": st})), ["torch.load"]),
+        "truncated legacy torch.save": (_half(_legacy_torch({"loader": st})), ["readable"]),
+        "truncated pickle": (_half(pickle.dumps({"loader": st})), ["truncated"]),
+        "truncated JSON": (_half(json.dumps({"loader": st}).encode()), ["not valid JSON"]),
+        "directory": (None, ["is a directory"]),
+        "empty file": (b"", ["empty file"]),
+        "binary garbage": (bytes(range(256)) * 4, ["not a state file"]),
+        "garbage after a pickle's first byte": (b"\x80" + bytes(range(255)), ["pickle"]),
+        "garbage after a zip header": (b"PK\x03\x04" + bytes(range(200)), ["torch.load"]),
+        "garbage after a brace": (b"{" + bytes(range(128, 256)), ["not valid JSON"]),
+        "a list inside itself": (pickle.dumps(loop), ["no shardstream state"]),
+        "state cut to its first keys": (
+            json.dumps({"format": st["format"], "version": 2}).encode(),
+            ["malformed", "missing field `fingerprint`"],
+        ),
+        "buffer cut (bad base64)": (
+            json.dumps(_cut(st, "position", "buffer", keep=len(st["position"]["buffer"]) - 3)),
+            ["malformed", "state['position']['buffer'] is not valid base64"],
+        ),
+        "buffer cut (partial row id)": (
+            json.dumps(_cut(st, "position", "buffer", keep=len(st["position"]["buffer"]) - 4)),
+            ["malformed", "not a whole number of 8-byte row ids"],
+        ),
+        "position field of the wrong type": (
+            json.dumps(emitted_str),
+            ["malformed", "state['position']['emitted']", "expected u64"],
+        ),
+        "position without a slot": (json.dumps(no_slot), ["position but no slot"]),
+        "a setting nested 5,000 deep": (_deep_pickle(seed_deep), ["nested deeper than"]),
+    }
+
+
+BAD_INPUTS = sorted(
+    _bad_inputs(
+        {
+            "format": "x",
+            "version": 2,
+            "settings": {"seed": 0},
+            "position": {"buffer": "", "emitted": 0},
+        }
+    )
+)
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_state_bad_input_is_one_line_and_exit_2(name, tmp_path, capsys, pi_data):
+    """Every unusable state file: one line on stderr naming the file, exit status 2, nothing on
+    stdout, with and without --json (issue #13: deep JSON crashed, cut states exited 0)."""
+    st = _state_after(pi_data, 3)
+    assert st["position"]["buffer"], "the cut-buffer cases need buffered rows"
+    content, needles = _bad_inputs(st)[name]
+    path = tmp_path / "input"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+    for extra in ([], ["--json"], ["--source", pi_data]):
+        rc, out, err = main_rc(capsys, "state", str(path), *extra)
+        assert (rc, out) == (2, ""), (name, extra, rc, out[:500], err[:500])
+        assert err.startswith(f"shardstream state: error: {path}"), err[:500]
+        assert err.count("\n") == 1 and len(err) < 1000, err[:2000]
+        for n in needles:
+            assert n in err, (n, err)
+
+
+def test_state_deep_json_in_a_fresh_process(tmp_path):
+    """What a user sees (issue #13: a traceback and exit status 1)."""
+    f = tmp_path / "deep.json"
+    f.write_text("[" * 5000 + "]" * 5000)
+    proc = run_cli("state", str(f))
+    assert_clean_error(proc, 2, str(f), "nested too deeply")
+    assert proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+def test_state_deeply_nested_around_a_state_is_read(tmp_path, capsys, pi_data):
+    st = _state_after(pi_data, 3)
+    f = tmp_path / "deep.pkl"
+    f.write_bytes(_deep_pickle({"loader": _nested(st, 5000)}))
+    rc, out, err = main_rc(capsys, "state", str(f), "--source", pi_data, "--json")
+    assert (rc, err) == (0, ""), err
+    res = json.loads(out)
+    assert [s["where"] for s in res["states"]] == ["['loader']" + "[0]" * 5000]
+    assert res["all_match"] is True and res["states"][0]["emitted"] == st["position"]["emitted"]
 
 
 def test_find_states_agrees_with_gather(pi_data):
-    from shardstream.state import gather
+    from shardstream.state import find_states, gather
 
-    obj = {"a": [_state_after(pi_data, 1), {"b": _state_after(pi_data, 2)}], "c": 3}
-    found = cli.find_states(obj)
-    assert [w for w, _ in found] == ["['a'][0]", "['a'][1]['b']"]
+    a, b = _state_after(pi_data, 1), _state_after(pi_data, 2)
+    obj = {"a": [a, {"b": b}], "c": 3, (1, 2): (a,)}
+    found = find_states(obj)
+    assert found == [("['a'][0]", a), ("['a'][1]['b']", b), ("[(1, 2)][0]", a)]
     assert [s for _, s in found] == gather(obj)
+    assert find_states(a) == [("", a)] and gather(a) == [a]
+    assert find_states({"model": [1, 2.0, "x", None]}) == []
+
+
+@pytest.mark.timeout(60)
+def test_find_states_deep_cyclic_and_shared_objects():
+    """The one walker behind gather (load_state_dict) and the CLI: no recursion limit, no
+    endless walk of a container inside itself, no exponential walk of shared references."""
+    from shardstream.errors import StateError
+    from shardstream.state import MAX_STATES, find_states, gather
+
+    st = {"format": "shardstream.ParquetStream"}
+    deep: object = st
+    for _ in range(5000):
+        deep = {"k": [deep]}
+    assert find_states(deep) == [("['k'][0]" * 5000, st)]
+    assert gather(deep) == [st]
+    loop: list = [st]
+    loop.append(loop)
+    assert find_states(loop) == [("[0]", st)]
+    assert find_states([st, st]) == [("[0]", st), ("[1]", st)]  # as load_state_dict sees it
+    nothing: list = [0]
+    for _ in range(200):  # 2**200 paths, one list per level
+        nothing = [nothing, nothing]
+    assert find_states(nothing) == []
+    bomb: list = [st]
+    for _ in range(MAX_STATES.bit_length()):
+        bomb = [bomb, bomb]
+    with pytest.raises(StateError, match="more than"):
+        gather(bomb)
 
 
 # --------------------------------------------------------------------------- progress, bench

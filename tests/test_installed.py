@@ -42,7 +42,7 @@ def test_shardstream_comes_from_the_wheel_in_the_fresh_venv():
     assert dist.version == shardstream.__version__
     # A regular install (files listed in RECORD), not an editable .pth pointing at the repo.
     files = {str(f) for f in dist.files or ()}
-    assert "shardstream/_core.abi3.so" in files and "shardstream/cli.py" in files
+    assert "shardstream/_core.abi3.so" in files and "shardstream/cli/__init__.py" in files
     direct = dist.read_text("direct_url.json") or ""
     assert '"editable": true' not in direct
 

@@ -64,10 +64,10 @@ impl Base64Cache {
 pub fn ids_from_base64(text: &str, field: &str) -> Result<Vec<u64>> {
     let bytes = BASE64
         .decode(text)
-        .map_err(|e| Error::State(format!("state field '{field}' is not valid base64: {e}")))?;
+        .map_err(|e| Error::State(format!("{field} is not valid base64: {e}")))?;
     if bytes.len() % 8 != 0 {
         return Err(Error::State(format!(
-            "state field '{field}' holds {} bytes, not a whole number of 8-byte row ids (truncated?)",
+            "{field} holds {} bytes, not a whole number of 8-byte row ids (truncated?)",
             bytes.len()
         )));
     }

@@ -194,6 +194,10 @@ impl StreamState {
             &format!("{what}['settings']['even']"),
         )
         .map_err(|e| Error::State(e.to_string()))?;
+        if let Some(p) = &self.position {
+            // Row ids (base64) and spec ranges are part of the shape: decode them now.
+            p.to_slot_state(&format!("{what}['position']"))?;
+        }
         check_skips(&self.skips, &format!("{what}['skips']"))
     }
 

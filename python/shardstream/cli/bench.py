@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._common import CliError, emit_json, plain_text, table, write_fresh_shards
 from ._progress import Progress
 
 COLUMNS = ["id", "tokens"]
@@ -51,7 +52,7 @@ def _best(fn: Callable[[], float], repeat: int) -> float:
 
 
 def _ss(d: str, args: argparse.Namespace, shuffle: int = 0) -> Any:
-    from . import ParquetStream
+    from .. import ParquetStream
 
     return ParquetStream(
         d, columns=COLUMNS, batch_size=args.batch_size, output="arrow", shuffle_buffer=shuffle
@@ -165,8 +166,6 @@ def _ms(s: float) -> str:
 
 
 def render(res: dict[str, Any]) -> str:
-    from .cli import table
-
     it, sh = res["iterate"], res["iterate_shuffled"]
     rows = [
         [
@@ -205,9 +204,6 @@ def render(res: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import CliError
-    from .datagen import write_shards
-
     if args.rows < args.shards or args.shards < 1:
         raise CliError("need --shards >= 1 and --rows >= --shards")
     if args.batch_size < 1 or args.repeat < 1 or args.shuffle_buffer < 0:
@@ -219,25 +215,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         d = os.path.abspath(args.dir)
     try:
-        per = [
-            args.rows // args.shards + (1 if i < args.rows % args.shards else 0)
-            for i in range(args.shards)
-        ]
         t = time.perf_counter()
-        os.makedirs(d, exist_ok=True)
-        for name in os.listdir(d):  # an earlier run's layout in the same directory
-            if name.startswith("shard-") and name.endswith(".parquet"):
-                os.remove(os.path.join(d, name))
-        with Progress(args.rows, "writing shards") as bar:
-            paths = write_shards(
-                d,
-                num_shards=args.shards,
-                rows_per_shard=per,
-                page_index=True,
-                compression="zstd",
-                tokens_len=(16, 128),
-                progress=bar.update,
-            )
+        paths = write_fresh_shards(d, args.rows, args.shards, desc="writing shards")
         gen_s = time.perf_counter() - t
         t = time.perf_counter()
         with Progress(STEPS, "benchmarking", unit="steps") as bar:
@@ -245,9 +224,7 @@ def run(args: argparse.Namespace) -> int:
         res["generate_s"] = gen_s
         res["measure_s"] = time.perf_counter() - t
         if args.json:
-            from .cli import _emit_json
-
-            _emit_json(res)
+            emit_json(res)
             return 0
         print(
             f"{args.rows:,} rows in {args.shards} shards (list<int32> tokens 16-127, zstd, page "
@@ -265,3 +242,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="quick side-by-side on generated data: shardstream vs pyarrow (seconds)",
+        description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(run=run)

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ._common import plain_text, write_fresh_shards
+
 DEFAULTS: dict[str, Any] = {
     "rows": 200_000,
     "shards": 8,
@@ -109,29 +111,9 @@ def _cat(chunks: list[np.ndarray]) -> np.ndarray:
 
 
 def _prepare_data(args: argparse.Namespace, data_dir: str) -> int:
-    from shardstream._progress import Progress
-    from shardstream.datagen import write_shards
-
-    per = [
-        args.rows // args.shards + (1 if i < args.rows % args.shards else 0)
-        for i in range(args.shards)
-    ]
     t = time.perf_counter()
-    # Remove shards of an earlier run with a different layout (same directory reused).
-    for name in os.listdir(data_dir):
-        if name.startswith("shard-") and name.endswith(".parquet"):
-            os.remove(os.path.join(data_dir, name))
-    with Progress(args.rows, "[data]      writing shards") as bar:
-        write_shards(
-            data_dir,
-            num_shards=args.shards,
-            rows_per_shard=per,
-            page_index=True,
-            compression="zstd",
-            tokens_len=(16, 128),
-            seed=args.seed,
-            progress=bar.update,
-        )
+    desc = "[data]      writing shards"
+    write_fresh_shards(data_dir, args.rows, args.shards, desc=desc, seed=args.seed)
     print(
         f"[data]      wrote {args.rows:,} rows in {args.shards} shards to {data_dir} "
         f"(list<int32> tokens, zstd, page index) in {time.perf_counter() - t:.1f}s"
@@ -327,11 +309,13 @@ def run(args: argparse.Namespace) -> int:
             tmp.cleanup()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="shardstream demo", description=__doc__.splitlines()[0])
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="generate shards, interrupt a DataLoader mid-epoch, resume it in a new process "
+        "and verify the stream is identical",
+        description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    p.set_defaults(run=run)
