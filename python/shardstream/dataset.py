@@ -241,6 +241,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._skips: list[dict[str, Any]] = []
         # Skips to apply again when the stream reaches them (replay_skips).
         self._replay: list[dict[str, Any]] = []
+        self._generation = 0  # of the newest iterator; only it may move the position
+        self._started = 0  # generation of the newest iterator that has started
         self._reset_position()
 
     def _reset_position(self) -> None:
@@ -251,7 +253,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         # __iter__, where this iterator's own slot is known.
         self._pending: list[tuple[_state.Slot, dict[str, Any]]] | None = None
         self._finished = False
-        self._generation = 0
+        # Iterators that have started are stale now; one created but not started yet (a loader
+        # may create it early) starts from this new position.
+        if self._started == self._generation:
+            self._generation += 1
         self._chunk = 0  # row mode: bumped when skip() invalidates the rows of the last chunk
 
     # -- properties ---------------------------------------------------------------------------
@@ -600,6 +605,14 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        # Set up at the first next(), not here: torchdata's StatefulDataLoader.state_dict()
+        # creates the iterator early, and accelerate then calls set_epoch() before using it.
+        self._generation += 1
+        return self._iterate(self._generation)
+
+    def _iterate(self, generation: int) -> Iterator[Any]:
+        self._stale(generation)
+        self._started = generation
         slot = self._resolve_slot()
         if self._pending is not None:
             stream = self._restored_stream(slot)
@@ -613,8 +626,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._stream, self._slot = stream, slot
         self._rows_into_chunk = None
         self._finished = False
-        self._generation += 1
-        return self._generate(stream, self._generation)
+        yield from self._generate(stream, generation)
 
     def _restored_stream(self, slot: _state.Slot, probe: bool = False) -> RawStream:
         """A stream for ``slot`` positioned by the loaded states: its own state if one was
