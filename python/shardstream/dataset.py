@@ -27,6 +27,7 @@ from . import state as _state
 from ._core import RawCatalog, RawStream
 from .convert import OUTPUTS, Converter
 from .errors import StateError
+from .integrations import accelerate as _accelerate
 
 try:  # torch is optional at import: numpy/python/arrow output work without it.
     import torch
@@ -309,7 +310,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         }
 
     def _resolve_slot(self) -> _state.Slot:
-        if self._rank is not None and self._world_size is not None:
+        wrapped = self.__dict__.get("_wrapped") or _accelerate.wrapper(self)
+        if wrapped is not None:  # inside an accelerate loader: read all rows, or refuse
+            rank, world = wrapped.slot(self._world_size)
+        elif self._rank is not None and self._world_size is not None:
             rank, world = self._rank, self._world_size
         else:
             rank, world = _dist_rank_world()
@@ -354,6 +358,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at ``epoch`` (like ``DistributedSampler.set_epoch``)."""
         _check_count(epoch, "epoch")
+        _accelerate.before_epoch(self, self._world_size)  # accelerate's loader calls set_epoch
         self._first_epoch = epoch
         self._reset_position()
 
@@ -699,6 +704,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             d["_pending"] = [(self._slot, position)]
         d["_catalog"] = None
         d["_stream"] = None
+        # Spawned workers do not see accelerate's loader: take what it is from here.
+        d["_wrapped"] = self.__dict__.get("_wrapped") or _accelerate.wrapper(self)
         d["_rows_into_chunk"] = None
         return d
 
