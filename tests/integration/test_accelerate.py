@@ -26,7 +26,6 @@ DATA = dict(columns=["id"], shuffle_buffer=64, seed=7)  # row mode, epochs=1 per
 GLOBAL_BATCH = 16
 EPOCHS = 2
 SAVE_AT = 9  # steps into epoch 0
-STEPS_PER_EPOCH = N_ROWS // GLOBAL_BATCH  # the loader drops the short last batch
 
 
 def reference(source: str, nw: int) -> list[list[int]]:
@@ -53,7 +52,7 @@ def _accelerator(**config):
     return Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**config))
 
 
-def _loader(spec, world: int, ds=None, drop_last: bool = True):  # noqa: ARG001
+def _loader(spec, ds=None, drop_last: bool = True):
     from torch.utils.data import DataLoader
 
     ds = ds if ds is not None else ParquetStream(spec["source"], **DATA)
@@ -70,7 +69,7 @@ def _train(spec, world: int, save: str | None = None, load: str | None = None) -
     register(acc)
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, opt, dl = acc.prepare(model, opt, _loader(spec, world))
+    model, opt, dl = acc.prepare(model, opt, _loader(spec))
     if load:
         acc.load_state(load)
     seen = []
@@ -101,7 +100,7 @@ def _refusals(spec, world: int) -> dict:
     out = {}
 
     def iterate(acc, ds=None):
-        next(iter(acc.prepare(_loader(spec, world, ds))))
+        next(iter(acc.prepare(_loader(spec, ds))))
 
     out["unregistered"] = _refusal(
         lambda: iterate(_accelerator(use_stateful_dataloader=True, split_batches=True))
@@ -109,7 +108,10 @@ def _refusals(spec, world: int) -> dict:
     out["no_split"] = _refusal(lambda: iterate(_accelerator(use_stateful_dataloader=True)))
     out["no_dispatch"] = _refusal(lambda: iterate(_accelerator(dispatch_batches=False)))
     out["no_dispatch_prepare"] = _refusal(
-        lambda: next(iter(prepare_data_loader(_loader(spec, world), dispatch_batches=False)))
+        lambda: next(iter(prepare_data_loader(_loader(spec), dispatch_batches=False)))
+    )
+    out["workers"] = _refusal(
+        lambda: next(iter(_accelerator().prepare(_loader({**spec, "nw": 2}, None, False))))
     )
     out["ranked"] = _refusal(
         lambda: iterate(_accelerator(), ParquetStream(spec["source"], **DATA, rank=0, world_size=2))
@@ -120,14 +122,15 @@ def _refusals(spec, world: int) -> dict:
 def _default_epoch(spec, world: int) -> list:
     """accelerate's defaults, no resume: ``Accelerator().prepare(DataLoader(stream, 16))``."""
     acc = _accelerator()
-    return [b["id"].tolist() for b in acc.prepare(_loader(spec, world, drop_last=False))]
+    return [b["id"].tolist() for b in acc.prepare(_loader(spec, drop_last=False))]
 
 
 def job(spec, rank: int, world: int) -> dict:
     out = {}
     for nw in (0, 2):
         spec = {**spec, "nw": nw}
-        out[f"default/{nw}"] = _default_epoch(spec, world)
+        if nw == 0:  # with 2 workers and 2 processes: refused (below)
+            out["default"] = _default_epoch(spec, world)
         out[f"full/{nw}"] = _train(spec, world, save=f"{spec['ckpt']}-{nw}")
         for name, ckpt in spec["resume"].items():
             out[f"{name}/{nw}"] = _train(spec, world, load=f"{ckpt}-{nw}")
@@ -153,16 +156,18 @@ def test_accelerate_loop(rows, tmp_path):
         expected = reference(rows, nw)
         assert len(expected) >= EPOCHS * (N_ROWS // GLOBAL_BATCH - nw)
         for results in (one, two):
-            # accelerate's defaults: every row once (402 rows: nothing to pad at the end).
-            default = sorted(i for step in global_steps(results, f"default/{nw}") for i in step)
-            assert default == list(range(N_ROWS))
             assert global_steps(results, f"full/{nw}") == expected
             assert global_steps(results, f"resumed/{nw}") == expected[SAVE_AT:]
         # Elastic: saved by 2 processes, resumed by 1 (same global batch).
         assert global_steps(one, f"elastic/{nw}") == expected[SAVE_AT:]
 
+    for results in (one, two):
+        # accelerate's defaults: every row once (402 rows: nothing to pad at the end).
+        default = sorted(i for step in global_steps(results, "default") for i in step)
+        assert default == list(range(N_ROWS))
     for r in two:
         msgs = r["refusals"]
+        assert "num_workers=0 or 1" in msgs["workers"]
         assert "register(accelerator)" in msgs["unregistered"]
         assert "split_batches=True" in msgs["no_split"]
         assert "dispatch_batches=True" in msgs["no_dispatch"]

@@ -57,4 +57,4 @@ def global_steps(results: list[dict], key: str) -> list[list[int]]:
     """Per training step, the ids of every rank's batch in rank order (the global batch)."""
     per_rank = [r[key] for r in results]
     assert len({len(p) for p in per_rank}) == 1, f"{key}: ranks ran {[len(p) for p in per_rank]}"
-    return [[i for rank_batch in step for i in rank_batch] for step in zip(*per_rank)]
+    return [[i for rank_batch in step for i in rank_batch] for step in zip(*per_rank, strict=True)]

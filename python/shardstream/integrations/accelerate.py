@@ -40,6 +40,8 @@ class Wrapper:
     split_batches: bool
     stateful: bool  # use_stateful_dataloader: its state_dict() is saved by save_state()
     registered: bool  # the loader's Accelerator went through register()
+    workers: int = 0  # the DataLoader's num_workers
+    short_batches: bool = False  # it batches rows without drop_last: each worker's last is short
 
     def slot(self, world_size: int | None) -> tuple[int, int]:
         """``(rank, world_size)`` the stream must use under this wrapper, or a ``ValueError``."""
@@ -51,6 +53,14 @@ class Wrapper:
                 "yields only its rank's rows. Use dispatch_batches=True (accelerate's default "
                 "for iterable datasets: DataLoaderConfiguration(dispatch_batches=True), or "
                 "accelerator_config={'dispatch_batches': True} in HF TrainingArguments)"
+            )
+        if self.num_processes > 1 and self.workers > 1 and self.short_batches:
+            raise ValueError(
+                "accelerate dispatch_batches=True cuts every batch into "
+                f"{self.num_processes} equal parts and drops the rows left over, except in the "
+                f"last batch; with {self.workers} DataLoader workers each worker's last batch of "
+                "an epoch comes before the end, and may be shorter: pass drop_last=True to the "
+                "DataLoader, or use num_workers=0 or 1 (HF Trainer: dataloader_num_workers)"
             )
         if world_size is not None and world_size > 1:
             raise ValueError(
@@ -65,8 +75,8 @@ class Wrapper:
                     f"{self.num_processes} processes saves a loader state "
                     f"{self.num_processes - 1} batch(es) ahead of the training loop unless "
                     "split_batches=True (resume would skip batches): set "
-                    "DataLoaderConfiguration(split_batches=True) and give the DataLoader the global "
-                    "batch size (per-process batch x num_processes)"
+                    "DataLoaderConfiguration(split_batches=True) and give the DataLoader the "
+                    "global batch size (per-process batch x num_processes)"
                 )
             if not self.registered:
                 raise ValueError(
@@ -103,21 +113,29 @@ def _loader_of(dataset: Any) -> tuple[Any, bool, int] | None:
     return None
 
 
-def _wrapper(found: tuple[Any, bool, int]) -> Wrapper:
+def _wrapper(found: tuple[Any, bool, int], dataset: Any) -> Wrapper:
     dl, dispatch, num = found
+    base = dl.base_dataloader
     return Wrapper(
         dispatch=dispatch,
         num_processes=num,
         split_batches=bool(getattr(dl, "split_batches", False)),
         stateful=bool(getattr(dl, "use_stateful_dataloader", False)),
         registered=any(dl in getattr(acc, "_dataloaders", ()) for acc in _REGISTERED),
+        workers=int(getattr(base, "num_workers", 0) or 0),
+        short_batches=(
+            not getattr(base, "drop_last", False)
+            if getattr(base, "batch_size", None) is not None  # the loader batches rows
+            else getattr(dataset, "_batch_size", None) is not None
+            and not getattr(dataset, "_drop_last", False)
+        ),
     )
 
 
 def wrapper(dataset: Any) -> Wrapper | None:
     """How the accelerate loader iterating ``dataset`` right now wraps it (``None``: none)."""
     found = _loader_of(dataset)
-    return None if found is None else _wrapper(found)
+    return None if found is None else _wrapper(found, dataset)
 
 
 def before_epoch(dataset: Any, world_size: int | None) -> None:
@@ -134,7 +152,7 @@ def before_epoch(dataset: Any, world_size: int | None) -> None:
     found = _loader_of(dataset)
     if found is None:
         return
-    _wrapper(found).slot(world_size)
+    _wrapper(found, dataset).slot(world_size)
     base = found[0].base_dataloader
     if getattr(base, "num_workers", 0) > 0 and hasattr(base, "load_state_dict"):
         base.load_state_dict({})
@@ -162,7 +180,7 @@ def register(accelerator: Any) -> None:
         ]
         states = [dl.state_dict() for dl in loaders]
         broadcast_object_list(states, from_process=0)
-        for dl, st in zip(loaders, states):
+        for dl, st in zip(loaders, states, strict=True):
             dl.dl_state_dict = st
 
     accelerator.register_save_state_pre_hook(sync)

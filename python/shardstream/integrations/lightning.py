@@ -114,6 +114,7 @@ class ShardstreamCheckpoints(Callback):
             states = [None] * trainer.world_size
             dist.all_gather_object(states, own)  # every rank dumps the checkpoint: a collective
         checkpoint[KEY] = states
+
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         states = checkpoint.get(KEY)
         fit = _fit_state(checkpoint)
