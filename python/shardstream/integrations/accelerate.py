@@ -15,7 +15,7 @@ Exact resume with ``save_state``/``load_state`` (``use_stateful_dataloader=True`
 one process also needs :func:`register` (one call after creating the ``Accelerator``) and
 ``split_batches=True``; without them the stream raises (see :class:`Wrapper`).
 
-accelerate is never imported from here: it is looked at only when the user has imported it.
+Only :func:`register` imports accelerate; otherwise it is looked at only if already imported.
 """
 
 from __future__ import annotations
