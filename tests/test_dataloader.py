@@ -336,3 +336,26 @@ def test_stateful_dataloader_other_num_workers_is_state_error(small, new_workers
     loader2.load_state_dict(state)
     with pytest.raises(StateError):
         list(loader2)
+
+
+def test_set_epoch_after_stateful_loader_state_dict(small):
+    """accelerate's order: ``StatefulDataLoader.state_dict()`` (creates the iterator, which calls
+    ``iter(dataset)``), then ``set_epoch``, then the loader iterates that same iterator: it must
+    read the epoch just set (an iterator sets itself up at its first ``next()``)."""
+    settings = dict(columns=["id"], batch_size=16, shuffle_buffer=40, seed=3, output="python")
+    ref = make_ds(small.root, settings)
+    ref.set_epoch(1)
+    expected = [tuple(b["id"]) for b in ref]
+    ds = make_ds(small.root, settings)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=0)
+    loader.state_dict()
+    ds.set_epoch(1)
+    assert [tuple(b["id"]) for b in loader] == expected
+    # A created iterator also follows a state loaded before its first next().
+    it = iter(ds)
+    saved = make_ds(small.root, settings)
+    saved.set_epoch(1)
+    head = iter(saved)
+    next(head), next(head)
+    ds.load_state_dict(saved.state_dict())
+    assert [tuple(b["id"]) for b in it] == expected[2:]

@@ -20,6 +20,7 @@ import sys
 from collections import Counter
 
 import pytest
+from harness import child_env
 from shardstream import ParquetStream
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -44,25 +45,6 @@ def data(shard_factory):
 
 
 # ------------------------------------------------------------------------------ running jobs
-
-
-def _child_env() -> dict:
-    env = dict(os.environ)
-    for var in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "GROUP_RANK",
-        "ROLE_RANK",
-        "TORCHELASTIC_RUN_ID",
-    ):
-        env.pop(var, None)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
 
 
 def _spec(tmp, tag: str, source: str, settings: dict, **kw) -> tuple[str, str]:
@@ -106,7 +88,7 @@ def torchrun(tmp, tag: str, nproc: int, source: str, settings: dict, **kw) -> li
         JOB,
         spec,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env())
     assert proc.returncode == 0, (
         f"torchrun {tag} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     )
@@ -118,7 +100,7 @@ def envrun(tmp, tag: str, world: int, source: str, settings: dict, **kw) -> list
     spec, out = _spec(tmp, tag, source, settings, init="env", **kw)
     procs = []
     for r in range(world):
-        env = _child_env()
+        env = child_env()
         env.update(RANK=str(r), WORLD_SIZE=str(world))
         procs.append(
             subprocess.Popen(

@@ -33,6 +33,7 @@ from ._core import RawCatalog, RawResume, RawSettings, RawStream
 from ._iterator import StreamIterator
 from .convert import OUTPUTS, Converter
 from .errors import StateError
+from .integrations import accelerate as _accelerate
 
 try:  # torch is optional at import: numpy/python/arrow output work without it.
     import torch
@@ -255,6 +256,16 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         return list(self.catalog.shard_paths)
 
     @property
+    def batch_size(self) -> int | None:
+        """Rows per item (``None``: rows one at a time)."""
+        return self._settings.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether each epoch's short last batch is dropped."""
+        return self._settings.drop_last
+
+    @property
     def schema(self) -> pa.Schema:
         """Schema of the output columns."""
         return self.catalog.schema
@@ -262,7 +273,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- where this process sits --------------------------------------------------------------
     def _layout(self) -> tuple[int, int, int, int]:
         """``(rank, world_size, worker, num_workers)`` of an iterator made here and now."""
-        if self._rank is not None and self._world_size is not None:
+        wrapped = self.__dict__.get("_wrapped") or _accelerate.wrapper(self)
+        if wrapped is not None:  # inside an accelerate loader: read all rows, or refuse
+            rank, world = wrapped.slot(self._world_size)
+        elif self._rank is not None and self._world_size is not None:
             rank, world = self._rank, self._world_size
         else:
             rank, world = _dist_rank_world()
@@ -289,6 +303,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at ``epoch`` (like ``DistributedSampler.set_epoch``)."""
         _check_count(epoch, "epoch")
+        _accelerate.before_epoch(self, self._world_size)  # accelerate's loader calls set_epoch
         self._resume = self._start_point().restart(epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -431,6 +446,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         start = it.resume_point() if it is not None and it.started else self._start_point()
         d["_pickled_resume"] = (start.states(self.catalog, self._settings), start.replay())
         d["_catalog"] = d["_resume"] = d["_iter"] = d["_settings"] = None
+        # Spawned workers do not see accelerate's loader: take what it is from here.
+        d["_wrapped"] = self.__dict__.get("_wrapped") or _accelerate.wrapper(self)
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
