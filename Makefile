@@ -166,7 +166,7 @@ WHEEL_FLAGS ?= --compatibility pypi --auditwheel check
 # runs: the engine's robustness, the same compiled code as in test-py, ~4 min). Both run in
 # test-py. For everything: make test-wheel WHEEL_TEST_SELECT=
 # (--ignore-glob patterns must be absolute: pytest runs from a directory outside the repo.)
-WHEEL_TEST_SELECT ?= '--ignore-glob=$(CURDIR)/tests/test_distributed.py'                      '--ignore-glob=$(CURDIR)/tests/test_reliability_*'
+WHEEL_TEST_SELECT ?= '--ignore-glob=$(CURDIR)/tests/integration/test_distributed.py' '--ignore-glob=$(CURDIR)/tests/reliability/*'
 PYTEST_WHEEL_ARGS ?= $(PYTEST_ARGS) $(WHEEL_TEST_SELECT)
 
 .PHONY: wheel

@@ -9,7 +9,7 @@
 #    instead of downloading GBs; shardstream itself is NOT there) gets the wheel installed
 #    (pip install --no-deps --ignore-installed WHEEL, then WHEEL[test] for the dependencies).
 # 3. pytest runs the repo's tests/ against it from an empty directory, so the source tree's
-#    python/ is not importable, with cargo and rustc removed from PATH.  tests/test_installed.py
+#    python/ is not importable, with cargo and rustc removed from PATH.  tests/wheel/test_installed.py
 #    (active because SHARDSTREAM_WHEEL_VENV is set) asserts shardstream.__file__ is in the
 #    venv's site-packages and no Rust toolchain is reachable.
 set -euo pipefail

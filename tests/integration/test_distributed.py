@@ -1,7 +1,8 @@
 """Real multi-process tests: torchrun (gloo), plain RANK/WORLD_SIZE processes, StatefulDataLoader
 worker changes, elastic resume across layouts, DCP checkpoints.
 
-Every rank runs ``tests/dist_scripts/shard_job.py`` and writes the ids of every item it yielded;
+Every rank runs ``tests/integration/dist_scripts/shard_job.py`` and writes the ids of every item
+it yielded;
 the checks here compare full id streams / multisets against references computed in this process
 with explicit ``rank``/``world_size`` (one epoch at a time via ``set_epoch``).
 

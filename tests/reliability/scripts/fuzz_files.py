@@ -48,7 +48,7 @@ import sys
 import time
 from typing import Any
 
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BASES = [
     "checksums",
@@ -385,7 +385,7 @@ def main() -> int:
     ap.add_argument("--replay", help="a current.json to run once (repro)")
     args = ap.parse_args()
 
-    sys.path.insert(0, os.path.join(TESTS_DIR, "reliability_scripts"))
+    sys.path.insert(0, os.path.join(TESTS_DIR, "reliability", "scripts"))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import corpus

@@ -1,6 +1,6 @@
 """Reliability 1: an edge-case Parquet corpus read back exactly, and resumed exactly.
 
-The corpus (tests/reliability_scripts/corpus.py) covers every encoding pyarrow writes (PLAIN,
+The corpus (tests/reliability/scripts/corpus.py) covers every encoding pyarrow writes (PLAIN,
 RLE_DICTIONARY with dictionary->plain fallback, DELTA_BINARY_PACKED, DELTA_LENGTH_BYTE_ARRAY,
 DELTA_BYTE_ARRAY, BYTE_STREAM_SPLIT, RLE booleans), every compression (none, snappy, gzip,
 brotli, lz4, zstd), data pages v1 and v2, flat / nested / nullable / required types (list,
@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from harness import pickle_roundtrip, torch_roundtrip
-from reliability_scripts import corpus
-from reliability_scripts.corpus import _plain, allowed_type_difference, canon, reference
+from reliability.scripts import corpus
+from reliability.scripts.corpus import _plain, allowed_type_difference, canon, reference
 from shardstream import ParquetStream
 
 pytestmark = pytest.mark.timeout(300)

@@ -17,7 +17,7 @@ from importlib import metadata
 import pytest
 
 VENV = os.environ.get("SHARDSTREAM_WHEEL_VENV")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.skipif(not VENV, reason="only under make test-wheel")
 

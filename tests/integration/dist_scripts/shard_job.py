@@ -1,4 +1,4 @@
-"""One rank of a multi-process shardstream job, driven by tests/test_distributed.py.
+"""One rank of a multi-process shardstream job, driven by tests/integration/test_distributed.py.
 
 Run either by ``torchrun`` (``init == "dist"``: gloo process group; the dataset gets NO
 rank/world_size arguments and must take them from ``torch.distributed`` -- the RANK/WORLD_SIZE

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from reliability_scripts import corpus
+from reliability.scripts import corpus
 from shardstream import ParquetStream, _rows, datagen
 
 CASES = corpus.cases()

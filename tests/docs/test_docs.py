@@ -16,7 +16,7 @@ import re
 import pytest
 import shardstream
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 GUIDE = os.path.join(ROOT, "docs", "guide.md")
 

@@ -1,6 +1,6 @@
 """Reliability 2 and 3: byte-level fuzzing of Parquet files, and hostile states.
 
-* ``test_byte_fuzz`` runs tests/reliability_scripts/fuzz_files.py in a subprocess (address
+* ``test_byte_fuzz`` runs tests/reliability/scripts/fuzz_files.py in a subprocess (address
   space capped, per-case watchdog, crash and hang detection; see that file) and checks its
   report. Length: ``SHARDSTREAM_FUZZ_EXAMPLES`` cases (default 1500) or
   ``SHARDSTREAM_FUZZ_SECONDS`` (default 45) whichever comes first; seed
@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shardstream import ShardstreamError, StateError
 
-SCRIPT = os.path.join(TESTS_DIR, "reliability_scripts", "fuzz_files.py")
+SCRIPT = os.path.join(TESTS_DIR, "reliability", "scripts", "fuzz_files.py")
 
 
 def _env_int(name: str, default: int) -> int:

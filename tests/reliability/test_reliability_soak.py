@@ -1,6 +1,6 @@
 """Reliability 4: SIGKILL soak of a checkpointing training loop.
 
-tests/reliability_scripts/soak_train.py trains over a ``StatefulDataLoader(num_workers=2)``
+tests/reliability/scripts/soak_train.py trains over a ``StatefulDataLoader(num_workers=2)``
 of a shuffled ``ParquetStream``, checkpoints every few steps with
 ``shardstream.checkpoint.save_checkpoint`` (pausing inside every save) and logs every batch
 with an fsync. This test SIGKILLs its whole process group at random moments (about a third
@@ -33,11 +33,11 @@ from collections import Counter
 
 import pytest
 from harness import TESTS_DIR
-from reliability_scripts.soak_train import read_log
+from reliability.scripts.soak_train import read_log
 from shardstream import datagen
 from shardstream.checkpoint import list_checkpoints, load_latest_checkpoint
 
-SCRIPT = os.path.join(TESTS_DIR, "reliability_scripts", "soak_train.py")
+SCRIPT = os.path.join(TESTS_DIR, "reliability", "scripts", "soak_train.py")
 
 # 2 shards x 192 rows, batches of 8, 2 workers: every worker yields 24 batches per epoch, so
 # each epoch is 48 consecutive batches of the loader's stream.
