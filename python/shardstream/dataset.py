@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -220,6 +221,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._resume: RawResume | None = RawResume.start(0)
         self._pickled_resume: tuple[list[dict[str, Any]], Any] | None = None
         self._iter: StreamIterator | None = None  # the newest iterator
+        self._loaded = False  # _resume came from load_state_dict and no iterator started yet
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -301,10 +303,32 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
 
     # -- epochs and state ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Start the next pass at ``epoch`` (like ``DistributedSampler.set_epoch``)."""
+        """Start the next pass at ``epoch`` (like ``DistributedSampler.set_epoch``).
+
+        After :meth:`load_state_dict`, setting the epoch the loaded state is in keeps the loaded
+        position (so ``for e in range(start, n): ds.set_epoch(e); ...`` resumes); setting
+        another epoch discards it, with a ``UserWarning`` saying so.
+        """
         _check_count(epoch, "epoch")
+        if epoch >= 2**63:
+            raise ValueError(f"epoch must be below 2**63, got {epoch}")
         _accelerate.before_epoch(self, self._world_size)  # accelerate's loader calls set_epoch
-        self._resume = self._start_point().restart(epoch)
+        start = self._start_point()
+        if self._loaded:
+            if start.first_epoch == epoch and set(start.epochs) <= {epoch}:
+                return  # the loaded state is in this epoch: keep its position
+            if not start.at_start:
+                warnings.warn(
+                    f"set_epoch({epoch}) discards the position loaded by load_state_dict(), "
+                    f"which is in epoch {', '.join(map(str, start.epochs))} of a pass that "
+                    f"started at epoch {start.first_epoch}: the pass starts over at epoch "
+                    f"{epoch}. To continue from the loaded position, don't call set_epoch() "
+                    "before iterating, or call it with the loaded state's epoch",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            self._loaded = False
+        self._resume = start.restart(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The position right after the last item this dataset yielded, as plain built-ins
@@ -347,6 +371,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._resume = RawResume.load(
             self.catalog, self._settings, found, allow_changed_shards, self._start_point()
         )
+        self._loaded = True  # until an iterator starts from it, or set_epoch() moves on
 
     # -- skips --------------------------------------------------------------------------------
     def skip(self, n: int) -> None:
@@ -436,7 +461,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     def _open_stream(self) -> RawStream:
         """The core stream of the newest iterator, at its first ``next()`` (inside the
         DataLoader worker, with the trainer's loader already set up: see ``_layout``)."""
-        return RawStream(self.catalog, self._settings, self._start_point(), self._layout())
+        raw = RawStream(self.catalog, self._settings, self._start_point(), self._layout())
+        self._loaded = False
+        return raw
 
     # -- pickling (spawn-started workers) -----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from harness import (
     check_resume,
     full_stream,
     is_batched,
+    item_key,
     keys_of,
     make_ds,
     resume_rest,
@@ -227,5 +228,52 @@ def test_set_epoch_after_load_resets_position(small):
     state = torch_roundtrip(ds.state_dict())
     ds2 = make_ds(small.root, settings)
     ds2.load_state_dict(state)
-    ds2.set_epoch(0)
+    # The state is in epoch 1 of a pass that started at 0: set_epoch(0) starts over, loudly.
+    with pytest.warns(UserWarning, match=r"set_epoch\(0\) discards the position loaded"):
+        ds2.set_epoch(0)
     assert keys_of(ds2, False) == full
+
+
+@pytest.mark.parametrize("batch_size", [None, 8])
+def test_set_epoch_loop_resumes_inside_the_loaded_epoch(small, batch_size):
+    """The recommended loop, ``for e in range(start, n): ds.set_epoch(e); for x in ds: ...``,
+    resumed mid-epoch: setting the epoch the loaded state is in keeps the loaded position, so the
+    resumed run yields exactly the rest of the uninterrupted run (full id streams compared)."""
+    settings = dict(output="python", shuffle_buffer=16, seed=5, batch_size=batch_size)
+    batched = batch_size is not None
+
+    def run(ds, start, stop_after=None):
+        got, state = [], None
+        for epoch in range(start, 3):
+            ds.set_epoch(epoch)
+            for item in ds:
+                got.append((epoch, item_key(item, batched)))
+                if stop_after is not None and len(got) == stop_after:
+                    return got, epoch, torch_roundtrip(ds.state_dict())
+        return got, None, state
+
+    full, _, _ = run(make_ds(small.root, settings), 0)
+    per_epoch = len(full) // 3
+    for cut in (1, per_epoch - 1, per_epoch, per_epoch + 7, 2 * per_epoch + 3):
+        head, epoch, state = run(make_ds(small.root, settings), 0, stop_after=cut)
+        ds = make_ds(small.root, settings)
+        ds.load_state_dict(state)
+        rest, _, _ = run(ds, epoch)
+        assert head + rest == full, f"cut after {cut} items (epoch {epoch})"
+
+
+def test_set_epoch_after_load_of_another_epoch_warns_and_starts_over(small):
+    settings = dict(output="python", epochs=1)
+    ds = make_ds(small.root, settings)
+    ds.set_epoch(3)
+    take(iter(ds), 10)
+    state = ds.state_dict()
+    ds2 = make_ds(small.root, settings)
+    ds2.load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"set_epoch\(4\) discards"):
+        ds2.set_epoch(4)
+    ref = make_ds(small.root, settings)
+    ref.set_epoch(4)
+    assert keys_of(ds2, False) == keys_of(ref, False)
+    with pytest.raises(ValueError, match="below 2\\*\\*63"):
+        ds2.set_epoch(2**64 - 1)

@@ -98,13 +98,21 @@ def test_readme_quickstart(tmp_path, monkeypatch, capsys):
 
 
 def test_readme_resuming_a_training_run(tmp_path, monkeypatch, capsys):
-    """The full DataLoader + checkpoint example runs as written and its own check passes
-    (the resumed run's batches equal one uninterrupted epoch)."""
+    """The full DataLoader + checkpoint example runs as written and its own check passes (the
+    resumed run's batches equal one uninterrupted run), resuming inside a set_epoch loop in a
+    later epoch than the first."""
     code = run_readme_example("Resuming a training run", tmp_path, monkeypatch)
-    for needle in ("StatefulDataLoader", "torch.save", "weights_only=True", "load_state_dict"):
+    for needle in (
+        "StatefulDataLoader",
+        "torch.save",
+        "weights_only=True",
+        "load_state_dict",
+        "set_epoch",
+    ):
         assert needle in code
     out = capsys.readouterr().out
-    assert re.search(r"resumed at step \d+, finished the epoch at step \d+", out), out
+    m = re.search(r"resumed at step (\d+) in epoch (\d+), finished at step (\d+)", out)
+    assert m and int(m[2]) >= 1 and int(m[3]) > int(m[1]), out
     assert os.path.exists(tmp_path / "ckpt.pt")
 
 

@@ -46,20 +46,22 @@ impl SkipLog {
         self.0.is_empty()
     }
 
-    /// Record the ranges a skip of `slot` passed over (`(epoch, start, stop)`; empty ones are
-    /// not skips).
+    /// Record the ranges one skip of `slot` passed over (`(epoch, start, stop)` per epoch
+    /// touched, in order) as ONE record: from its first row, `stop - start` rows of the slot's
+    /// stream, which may run past the end of that epoch into the next ones. A skip across a
+    /// million epochs of an endless pass is one record, and replaying it (skip that many rows
+    /// from there) crosses the same epoch ends.
     pub fn record(&mut self, slot: Slot, ranges: &[(u64, u64, u64)]) {
-        self.0.extend(
-            ranges
-                .iter()
-                .filter(|(_, a, b)| b > a)
-                .map(|&(epoch, start, stop)| SkipRecord {
-                    epoch,
-                    slot: [slot.index, slot.count],
-                    start,
-                    stop,
-                }),
-        );
+        let rows: u64 = ranges.iter().map(|(_, a, b)| b - a).sum();
+        let Some(&(epoch, start, _)) = ranges.iter().find(|(_, a, b)| b > a) else {
+            return;
+        };
+        self.0.insert(SkipRecord {
+            epoch,
+            slot: [slot.index, slot.count],
+            start,
+            stop: start + rows,
+        });
     }
 
     /// For replay at `(epoch, at)` of `slot`: the record starting exactly there, and the start
@@ -87,6 +89,8 @@ pub struct Resume {
     loaded: Vec<Checked>,
     /// The `even` policy of that layout.
     even: Even,
+    /// States given that had not started (no slot) and did not fill a missing slot.
+    unstarted: usize,
     pub skips: SkipLog,
     pub replay: SkipLog,
 }
@@ -98,6 +102,7 @@ impl Resume {
             first_epoch,
             loaded: Vec::new(),
             even: Even::Off,
+            unstarted: 0,
             skips: SkipLog::default(),
             replay: SkipLog::default(),
         }
@@ -120,6 +125,7 @@ impl Resume {
                 spec: checked.1,
             }],
             even,
+            unstarted: 0,
             skips,
             replay,
         }
@@ -127,6 +133,12 @@ impl Resume {
 
     pub fn first_epoch(&self) -> u64 {
         self.first_epoch
+    }
+
+    /// The epochs the loaded positions are in (empty: none loaded).
+    pub fn epochs(&self) -> Vec<u64> {
+        let set: BTreeSet<u64> = self.loaded.iter().map(|c| c.state.epoch).collect();
+        set.into_iter().collect()
     }
 
     /// True when no position was loaded (nothing read yet).
@@ -208,6 +220,22 @@ impl Resume {
             };
             positions.push((*slot, st));
         }
+        // A rank that never iterated saves a state without a slot: its slot is the one missing
+        // from the others, and its position is the start of the pass (nothing was read). Only
+        // when the count matches exactly; otherwise the merge reports the missing slots.
+        let unstarted = parsed.iter().filter(|s| s.slot.is_none()).count();
+        let mut unstarted_left = unstarted;
+        if let Some(count) = positions.first().map(|(s, _)| s.count) {
+            let missing: Vec<u32> = (0..count)
+                .filter(|i| !positions.iter().any(|(s, _)| s.index == *i))
+                .collect();
+            if !missing.is_empty() && missing.len() == unstarted {
+                unstarted_left = 0;
+                for i in missing {
+                    positions.push((Slot::new(i, count)?, SlotState::start_of(first_epoch)));
+                }
+            }
+        }
         let loaded = if positions.is_empty() {
             Vec::new()
         } else {
@@ -215,8 +243,11 @@ impl Resume {
         };
         if !changed {
             // The informational seek must describe the position it was saved with.
-            for (c, (_, _, _, pos)) in loaded.iter().zip(sorted_by_slot(&pending)) {
+            for (slot, _, _, pos) in &pending {
                 let Some(saved) = &pos.seek else { continue };
+                let Some(c) = loaded.iter().find(|c| c.slot == *slot) else {
+                    continue;
+                };
                 let plan = EpochPlan::new(
                     catalog.units(),
                     settings.seed,
@@ -238,6 +269,7 @@ impl Resume {
             first_epoch,
             loaded,
             even,
+            unstarted: unstarted_left,
             skips,
             replay: SkipLog::default(),
         })
@@ -269,10 +301,17 @@ impl Resume {
         merged_state(catalog, &opts, &self.loaded, self.even, layout.slot)
             .map(Some)
             .map_err(|e| {
+                let unstarted = match self.unstarted {
+                    0 => String::new(),
+                    n => format!(
+                        "; {n} of the states given had not started iterating: they carry no \
+                         slot, so which slots they stand for is not known"
+                    ),
+                };
                 Error::State(format!(
                     "{} (this iterator is slot {} of {}, slot = rank * num_workers + worker_id; \
                      to resume with other ranks or workers, load the states of every slot, e.g. \
-                     a list of all ranks' states)",
+                     a list of all ranks' states{unstarted})",
                     e, layout.slot.index, layout.slot.count
                 ))
             })
@@ -358,13 +397,6 @@ impl Resume {
             })
             .collect()
     }
-}
-
-/// `pending` in the order [`check_states`] returns them (by slot index).
-fn sorted_by_slot<T>(pending: &[(Slot, Even, SlotState, T)]) -> Vec<&(Slot, Even, SlotState, T)> {
-    let mut v: Vec<_> = pending.iter().collect();
-    v.sort_by_key(|p| p.0.index);
-    v
 }
 
 /// A position over changed shards: same epoch, same rows emitted in it, on the new data.
@@ -565,5 +597,81 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("different passes"));
+    }
+
+    /// A rank that never iterated saves a slot-less state; with the other rank's state it
+    /// resumes in any layout, every row exactly once (its slot starts from the beginning).
+    #[test]
+    fn unstarted_rank_fills_its_missing_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[23, 17], 5);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        let st = Settings {
+            epochs: Some(1),
+            even: Even::Off,
+            ..settings(6, Some(4), false)
+        };
+        let two = |r| Layout::new(r, 2, 0, 1, st.even).unwrap();
+        let mut a = Stream::resume(
+            cat.clone(),
+            &st,
+            &Tuning::default(),
+            two(0),
+            0,
+            &Resume::start(0),
+        )
+        .unwrap();
+        let mut seen: Vec<i64> = Vec::new();
+        for _ in 0..2 {
+            seen.extend(ids(&a.next_item().unwrap().unwrap()));
+        }
+        let started = a.checkpoint(None).unwrap().to_value();
+        let never = Resume::start(0)
+            .state(&cat, &st, two(1))
+            .unwrap()
+            .to_value();
+        assert!(never["slot"].is_null());
+        let loaded = Resume::load(&cat, &st, vec![started.clone(), never.clone()], false).unwrap();
+        let one = Layout::new(0, 1, 0, 1, st.even).unwrap();
+        let mut r = Stream::resume(cat.clone(), &st, &Tuning::default(), one, 0, &loaded).unwrap();
+        seen.extend(drain(&mut r).concat());
+        seen.sort_unstable();
+        assert_eq!(seen, (0..40).collect::<Vec<i64>>());
+        // Without the unstarted state the slot is missing, and the message says so.
+        let loaded = Resume::load(&cat, &st, vec![started], false).unwrap();
+        let err = loaded.position(&cat, &st, one).unwrap_err().to_string();
+        assert!(err.contains("missing slots [1]"), "{err}");
+    }
+
+    /// A skip across many epochs of an endless pass is one record, and replaying it from an
+    /// earlier point gives the stream the skipping run had.
+    #[test]
+    fn a_skip_across_epochs_is_one_record_and_replays_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[7, 5], 3);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        let st = Settings {
+            epochs: None,
+            ..settings(4, Some(5), true)
+        };
+        let layout = Layout::new(0, 1, 0, 1, st.even).unwrap();
+        let start = Resume::start(0);
+        let mut a =
+            Stream::resume(cat.clone(), &st, &Tuning::default(), layout, 0, &start).unwrap();
+        a.next_item().unwrap();
+        a.skip_items(1000, None).unwrap();
+        let after: Vec<Vec<i64>> = (0..6)
+            .map(|_| ids(&a.next_item().unwrap().unwrap()))
+            .collect();
+        let saved = a.checkpoint(None).unwrap();
+        assert_eq!(saved.skips.len(), 1, "{:?}", saved.skips);
+        let replay = Resume::start(0).with_replay(saved.skips.clone());
+        let mut b =
+            Stream::resume(cat.clone(), &st, &Tuning::default(), layout, 0, &replay).unwrap();
+        b.next_item().unwrap();
+        let again: Vec<Vec<i64>> = (0..6)
+            .map(|_| ids(&b.next_item().unwrap().unwrap()))
+            .collect();
+        assert_eq!(again, after);
     }
 }

@@ -77,6 +77,12 @@ impl RawResume {
         self.inner.first_epoch()
     }
 
+    /// The epochs the loaded positions are in (empty when none was loaded).
+    #[getter]
+    fn epochs(&self) -> Vec<u64> {
+        self.inner.epochs()
+    }
+
     /// True when no position was loaded: the next stream starts at the beginning of the pass.
     #[getter]
     fn at_start(&self) -> bool {

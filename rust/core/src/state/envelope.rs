@@ -169,6 +169,17 @@ impl StreamState {
 
     /// Field rules that need no dataset: slot and position agree, skip records are ranges.
     fn check(&self, what: &str) -> Result<()> {
+        // An epoch number plus a pass length must not wrap (epochs are below 2**63 too).
+        let limit = u64::MAX >> 1;
+        if self.first_epoch > limit || self.position.as_ref().is_some_and(|p| p.epoch > limit) {
+            return Err(Error::State(format!(
+                "{what}: epochs must be below 2**63, got first_epoch {} (position epoch {})",
+                self.first_epoch,
+                self.position
+                    .as_ref()
+                    .map_or("none".into(), |p| p.epoch.to_string())
+            )));
+        }
         if let Some(s) = &self.slot {
             if s.count == 0 || s.index >= s.count {
                 return Err(Error::State(format!(

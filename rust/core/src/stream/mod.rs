@@ -449,7 +449,10 @@ impl Stream {
         let len = self.spec.input_len();
         self.data_side()?;
         let data = self.data.as_mut().expect("hydrated");
-        let mut picks = Vec::with_capacity(max_rows);
+        // Sized by the rows left in the epoch, not by the request (a batch_size of 10^11 is
+        // legal and must not allocate up front).
+        let left = (self.spec.output_len() - self.emitted).min(max_rows as u64);
+        let mut picks = Vec::with_capacity(left as usize);
         let mut src = DataRows {
             input: &mut data.input,
             slab: &mut data.slab,
