@@ -215,6 +215,16 @@ WHEEL_SMOKE_PYTHONS ?= python3.10 python3.13 $(wildcard $(HOME)/.pyenv/versions/
 wheel-smoke: wheel ## Smoke-test the abi3 wheel on other CPythons >= 3.10 (pip needs PyPI)
 	bash tests/wheel/smoke.sh $(DIST_DIR) $(WHEEL_SMOKE_PYTHONS)
 
+# Optional (root and network; not in `make test`): the release wheel installed by pip, imported
+# and used (tests/wheel/smoke.py) in a Debian 11 chroot, glibc 2.31 -- older than this Debian 12
+# machine's 2.36. The chroot and the CPython built in it stay in OLDGLIBC_ROOT (1.4 GB) for later
+# runs: the first run took 7 min here (load 4-6), later ones 35 s. See tests/wheel/oldglibc.sh.
+OLDGLIBC_ROOT ?= $(VENV)/oldglibc-bullseye
+
+.PHONY: wheel-oldglibc
+wheel-oldglibc: wheel ## Install + use the release wheel under glibc 2.31 (Debian 11 chroot; root, network)
+	PYTHON=$(PY) bash tests/wheel/oldglibc.sh $(DIST_DIR) $(OLDGLIBC_ROOT)
+
 .PHONY: clean
 clean: ## Remove build products, the venv and caches (keeps bench-data/)
 	-$(CARGO) clean
