@@ -23,7 +23,7 @@ BENCH_ARGS  ?=
 DEMO_ARGS   ?=
 STUBTEST_ARGS ?=
 # Directories checked by ruff.
-PY_DIRS     := $(wildcard python tests benches)
+PY_DIRS     := $(wildcard python tests benches build_backend)
 
 # pyo3's build script must see the same interpreter for every cargo invocation
 # (cargo test/clippy and maturin), otherwise it reconfigures and rebuilds pyo3.
