@@ -3,7 +3,9 @@
 
 Measured on a generated shard set (cached under ./bench-data, reused between runs): id int64,
 tokens list<int32> with 64..512 items, text (short strings), score float64, zstd, page index.
-Every measurement runs in a fresh child process; the runs of one section are interleaved
+Every measurement runs in a fresh child process (forked from a server process that has
+imported pyarrow, torch and shardstream and run nothing else; --spawn: a new interpreter
+each time, which costs ~1.5 s of imports per run); the runs of one section are interleaved
 (A B C A B C ...), --runs times, and each figure is the median with its spread (min–max);
 the machine's 1-minute load average at the start of each run is printed beside it.  Rates
 are rows per second of wall time and rows per CPU-second (user + system time of every thread
@@ -16,8 +18,8 @@ of the measuring process); ratios are shardstream / baseline, both measured in t
            [id, score], strings [id, text]; conditions: both cores free; shardstream with
            readahead_threads=0; one core busy (a spinning process pinned to one core, for
            both sides)
-  shuffle  (b) the same with shuffle_buffer=100_000 (tokens; baseline: pyarrow sequential),
-           and its peak RSS against the buffer's rows' Arrow bytes
+  shuffle  (b) the same with shuffle_buffer=--shuffle-buffer (100,000; tokens; baseline:
+           pyarrow sequential), and its peak RSS against the buffer's rows' Arrow bytes
   resume   (c) fresh process: ParquetStream + load_state_dict -> first batch at 1%/50%/99%,
            shuffle buffers --buffers; the 99%/1% ratio per run; baseline (no buffer): pyarrow
            reading and dropping rows, and jumping to the row group by footer row counts
@@ -37,7 +39,8 @@ of the measuring process); ratios are shardstream / baseline, both measured in t
            loader's ceiling: a dataset that only yields fresh copies of pre-built batches of
            the same shapes and types through the same loader
 
-Loader figures (h, i) are steady state: timed from the --warmup-th batch to the last, CPU of
+(f) and (g) run once each (a datasets run takes seconds to tens of seconds).  Loader
+figures (h, i) are steady state: timed from the --warmup-th batch to the last, CPU of
 the main process and of both workers.  The HuggingFace rows need `pip install
 'datasets>=2.18'` (`make bench` installs the `bench` extra); without it they print
 "skipped: datasets not installed".
@@ -61,7 +64,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import benchlib  # noqa: E402
-from benchlib import load_range, mrows, print_table, summary, with_spread  # noqa: E402
+from benchlib import krows, load_range, mrows, print_table, summary, with_spread  # noqa: E402
 
 ALL = ("iter", "shuffle", "resume", "state", "rss", "rows", "resume-hf", "loader", "ceiling")
 COLUMNS = ["id", "tokens"]
@@ -922,10 +925,10 @@ class Bench:
             [
                 "workload",
                 "condition",
-                "shardstream rows/s",
-                "rows/CPU-s",
-                "pyarrow best rows/s @batch",
-                "rows/CPU-s @batch",
+                "shardstream M rows/s",
+                "M rows/CPU-s",
+                "pyarrow best M rows/s @batch",
+                "M rows/CPU-s @batch",
                 "wall ratio",
                 "CPU ratio",
                 "load",
@@ -958,7 +961,7 @@ class Bench:
             [
                 "workload",
                 "condition",
-                *[f"batch {bs}: rows/s / rows/CPU-s" for bs in a.pa_batch_sizes],
+                *[f"batch {bs}: M rows/s / M rows/CPU-s" for bs in a.pa_batch_sizes],
             ],
             "pyarrow iter_batches by batch size (medians; W = best wall, C = best CPU)",
         )
@@ -1314,10 +1317,10 @@ class Bench:
             rows,
             [
                 "loader, 2 workers",
-                "shardstream rows/s",
-                "rows/CPU-s",
-                "pyarrow dataset rows/s",
-                "rows/CPU-s",
+                "shardstream M rows/s",
+                "M rows/CPU-s",
+                "pyarrow dataset M rows/s",
+                "M rows/CPU-s",
                 "wall ratio",
                 "CPU ratio",
                 "load",
@@ -1364,9 +1367,9 @@ class Bench:
                     fmt,
                     f"{bs:,}",
                     with_spread([bps(r) for r in ss], lambda x: f"{x:.0f}"),
-                    with_spread([_cpu(r) for r in ss], mrows),
+                    with_spread([_cpu(r) for r in ss], krows),
                     with_spread([bps(r) for r in null], lambda x: f"{x:.0f}"),
-                    with_spread([_cpu(r) for r in null], mrows),
+                    with_spread([_cpu(r) for r in null], krows),
                     _ratio(_med(ss, bps), _med(null, bps)),
                     with_spread(
                         [
@@ -1384,9 +1387,9 @@ class Bench:
                 "list_format",
                 "batch",
                 "shardstream batches/s",
-                "rows/CPU-s",
+                "k rows/CPU-s",
                 "ceiling batches/s",
-                "rows/CPU-s",
+                "k rows/CPU-s",
                 "ratio of medians",
                 "ratio per run",
                 "load",
@@ -1571,6 +1574,10 @@ def _names(choices: Any) -> Any:
     return parse
 
 
+def _arg(v: Any) -> str:
+    return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
 QUICK = {  # --quick: every section at small sizes (a smoke run, not figures to quote)
     "rows": 20_000,
     "shards": 2,
@@ -1590,7 +1597,7 @@ QUICK = {  # --quick: every section at small sizes (a smoke run, not figures to 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
         "--only",
@@ -1602,7 +1609,7 @@ def main(argv: list[str] | None = None) -> int:
         "--quick",
         action="store_true",
         help="every section at small sizes, one run each: "
-        + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+        + ", ".join(f"--{k.replace('_', '-')} {_arg(v)}" for k, v in QUICK.items())
         + " (explicit options still win)",
     )
     ap.add_argument("--rows", type=int, default=2_000_000, help="total rows (%(default)s)")
@@ -1643,6 +1650,12 @@ def main(argv: list[str] | None = None) -> int:
         default=list(CONDITIONS),
         help="(a) conditions: free (both cores), ra0 (shardstream with "
         "readahead_threads=0), busy (one core spinning) (all)",
+    )
+    ap.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        default=100_000,
+        help="(b)'s shuffle buffer, rows (%(default)s)",
     )
     ap.add_argument(
         "--buffers",

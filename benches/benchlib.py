@@ -163,8 +163,13 @@ def with_spread(values: Sequence[float], fmt: Any) -> str:
 
 
 def mrows(x: float) -> str:
-    """Rows per second as millions, 2 significant decimals (``0.48 M``)."""
-    return f"{x / 1e6:.2f} M" if x < 1e8 else f"{x / 1e6:.0f} M"
+    """A rate in millions of rows, two decimals (``0.48``); the header says "M rows/s"."""
+    return f"{x / 1e6:.2f}" if x < 1e8 else f"{x / 1e6:.0f}"
+
+
+def krows(x: float) -> str:
+    """A rate in thousands of rows (``37.5``); the header says "k rows/s"."""
+    return f"{x / 1e3:.1f}" if x < 1e5 else f"{x / 1e3:.0f}"
 
 
 def load_range(runs: Sequence[dict]) -> str:
