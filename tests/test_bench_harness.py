@@ -1,7 +1,8 @@
 """``benches/bench.py --quick`` on two cheap sections, so the harness behind ``make bench`` cannot
 rot unnoticed: every run reads every row, pyarrow is measured at each batch size, rates come
-with CPU time and the machine load, state_dict() percentiles are ordered. Not a speed test:
-no figure is compared with a threshold."""
+with CPU time and the machine load, state_dict() percentiles are ordered, docs/benchmarks.md
+shows the header rows the run prints. Not a speed test: no figure is compared with a
+threshold."""
 
 from __future__ import annotations
 
@@ -60,3 +61,10 @@ def test_bench_quick_iter_and_state(tmp_path):
     # pyarrow's winner is named, for wall time and for CPU time, and is one of those measured
     flat_row = next(line for line in text.splitlines() if "| 2 cores free |" in line)
     assert flat_row.count("@1024") + flat_row.count("@65536") == 2, flat_row
+    # docs/benchmarks.md shows the tables' header rows as printed
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        doc = f.read()
+    heads = [line for line in text.splitlines() if line.startswith("| workload | condition |")]
+    heads += [line for line in text.splitlines() if line.startswith("| shuffle_buffer | calls |")]
+    assert len(heads) == 3, heads  # (a), pyarrow by batch size, (d)
+    assert heads[0] in doc and heads[2] in doc, heads
