@@ -104,7 +104,7 @@ def _mem() -> dict[str, float]:
     return {"rss": out.get("VmRSS", 0.0), "peak": out.get("VmHWM", 0.0)}
 
 
-def _files(data: str) -> list[str]:
+def shard_files(data: str) -> list[str]:
     return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".parquet"))
 
 
@@ -133,13 +133,13 @@ def _pass(spec: dict) -> dict[str, Any]:
         )
         r = timed_passes(lambda: ds, spec["min_seconds"])
     else:
-        files = _files(data)
+        files = shard_files(data)
         r = timed_passes(lambda: pa_batches(files, cols, bs), spec["min_seconds"])
     r["rows_per_pass"] = r["rows"] // r["passes"]
     return r
 
 
-def _ss_make_states(data: str, shuffle_buffer: int, fracs: list[float], out: str) -> dict:
+def save_states(data: str, shuffle_buffer: int, fracs: list[float], out: str) -> dict:
     """Iterate once; save state_dict() right after the first batch ending at/after each
     fraction of the rows.  Returns {frac: (rows_before, first_id_of_next_batch)}."""
     ds = _stream(data, COLUMNS, shuffle_buffer=shuffle_buffer)
@@ -190,7 +190,7 @@ def _pa_skip(data: str, rows_before: int, seek: bool) -> dict:
     drop, or jump to the row group by the footers' row counts)."""
     from shardstream.cli.bench import pa_skip_to
 
-    return pa_skip_to(_files(data), rows_before, seek, COLUMNS, BATCH)
+    return pa_skip_to(shard_files(data), rows_before, seek, COLUMNS, BATCH)
 
 
 def _ss_state_latency(data: str, shuffle_buffer: int, calls: int) -> dict:
@@ -264,7 +264,7 @@ def _hf_load(data: str, cache: str, columns: list[str] = COLUMNS) -> Any:
 
     datasets.logging.set_verbosity_error()
     return datasets.load_dataset(
-        "parquet", data_files=_files(data), split="train", streaming=True, columns=columns
+        "parquet", data_files=shard_files(data), split="train", streaming=True, columns=columns
     )
 
 
@@ -353,7 +353,7 @@ def _hf_states(data: str, positions: list[int], out: str, cache: str) -> dict:
     resumes at row k."""
     import pyarrow.parquet as pq
 
-    counts = [pq.ParquetFile(p).metadata.num_rows for p in _files(data)]
+    counts = [pq.ParquetFile(p).metadata.num_rows for p in shard_files(data)]
 
     def point_at_shard(st: Any, shard: int) -> int:
         n = 0
@@ -548,7 +548,7 @@ def _loader(data: str, src: str, loader: str, workers: int, batches: int, warmup
     if src == "ss":
         ds = _stream(data, COLUMNS, output="torch")
     else:
-        ds = _pa_torch_dataset(_files(data))
+        ds = _pa_torch_dataset(shard_files(data))
     if loader == "sdl":
         from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -599,7 +599,7 @@ def child_main(spec: dict) -> dict:
     if kind == "pass":
         r = _pass(spec)
     elif kind == "ss_states":
-        r = _ss_make_states(data, spec["shuffle_buffer"], spec["fracs"], spec["out"])
+        r = save_states(data, spec["shuffle_buffer"], spec["fracs"], spec["out"])
     elif kind == "ss_resume":
         r = _ss_resume(data, spec["shuffle_buffer"], spec["states"], spec["key"])
     elif kind == "pa_skip":
@@ -742,7 +742,7 @@ def ensure_data(root: str, rows: int, shards: int) -> str:
 
 
 def warm_cache(data: str) -> None:
-    for p in _files(data):
+    for p in shard_files(data):
         with open(p, "rb") as f:
             while f.read(1 << 24):
                 pass
@@ -753,7 +753,7 @@ def arrow_row_bytes(data: str, columns: list[str]) -> float:
     import pyarrow.parquet as pq
 
     rows = nbytes = 0
-    for p in _files(data):
+    for p in shard_files(data):
         t = pq.read_table(p, columns=columns)
         rows += t.num_rows
         nbytes += t.nbytes
@@ -1739,7 +1739,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = benchlib.load1()
     data = ensure_data(args.data_root, args.rows, args.shards)
     warm_cache(data)
-    size_mb = sum(os.path.getsize(p) for p in _files(data)) / 2**20
+    size_mb = sum(os.path.getsize(p) for p in shard_files(data)) / 2**20
     b = Bench(args, data)
     b.results.update(rows=args.rows, shards=args.shards, data_mb=size_mb, load_start=load_start)
 

@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import benchlib  # noqa: E402
-from bench import BATCH, COLUMNS, ensure_data, warm_cache  # noqa: E402
+from bench import BATCH, COLUMNS, ensure_data, save_states, shard_files, warm_cache  # noqa: E402
 from benchlib import print_table  # noqa: E402
 
 ALL = ("iter", "resume")
@@ -48,10 +48,6 @@ FRACS = [0.01, 0.5, 0.9]
 
 
 # =========================================================================== child side
-
-
-def _files(data: str) -> list[str]:
-    return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".parquet"))
 
 
 def _opts(endpoint: str) -> dict[str, str]:
@@ -74,7 +70,7 @@ def _pa_fs(endpoint: str) -> Any:
 
 
 def _keys(spec: dict) -> list[str]:
-    return [f"{BUCKET}/{PREFIX}/{os.path.basename(p)}" for p in _files(spec["data"])]
+    return [f"{BUCKET}/{PREFIX}/{os.path.basename(p)}" for p in shard_files(spec["data"])]
 
 
 def _ss_iter(spec: dict) -> dict:
@@ -106,7 +102,7 @@ def _pa_iter(spec: dict) -> dict:
     from shardstream.cli.bench import pa_batches, timed_passes
 
     fs = _pa_fs(spec["endpoint"]) if spec.get("endpoint") else None
-    paths = _keys(spec) if fs is not None else _files(spec["data"])
+    paths = _keys(spec) if fs is not None else shard_files(spec["data"])
 
     def batches() -> Any:
         sources = (fs.open_input_file(p) for p in paths) if fs is not None else paths
@@ -128,31 +124,9 @@ def _boto_get(spec: dict) -> dict:
 
 
 def _ss_states(spec: dict) -> dict:
-    """Iterate the local copy once; save the state right after the first batch ending at or
-    after each fraction (a copy of the same files in the bucket is the same dataset)."""
-    from shardstream import ParquetStream
-
-    ds = ParquetStream(spec["data"], columns=COLUMNS, batch_size=BATCH, output="arrow")
-    n = ds.num_rows
-    targets = sorted((max(1, min(int(f * n), n - 2 * BATCH)), f) for f in spec["fracs"])
-    states: dict[str, Any] = {}
-    pending: list[str] = []
-    seen, i = 0, 0
-    for b in ds:
-        for key in pending:
-            states[key]["next_first_id"] = int(b.column(0)[0].as_py())
-        pending = []
-        seen += b.num_rows
-        while i < len(targets) and seen >= targets[i][0]:
-            key = repr(targets[i][1])
-            states[key] = {"state": ds.state_dict(), "rows_before": seen}
-            pending.append(key)
-            i += 1
-        if i >= len(targets) and not pending:
-            break
-    with open(spec["out"], "wb") as f:
-        pickle.dump(states, f)
-    return {k: {kk: vv for kk, vv in v.items() if kk != "state"} for k, v in states.items()}
+    """bench.py's states at each fraction, saved while iterating the local copy (a copy of the
+    same files in the bucket is the same dataset)."""
+    return save_states(spec["data"], 0, spec["fracs"], spec["out"])
 
 
 def _ss_resume(spec: dict) -> dict:
@@ -265,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     data = ensure_data(args.data_root, args.rows, args.shards)
     warm_cache(data)
-    files = _files(data)
+    files = shard_files(data)
     size = sum(os.path.getsize(p) for p in files)
     import pyarrow.parquet as pq
 
