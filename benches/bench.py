@@ -1371,6 +1371,7 @@ class Bench:
                     with_spread([bps(r) for r in null], lambda x: f"{x:.0f}"),
                     with_spread([_cpu(r) for r in null], krows),
                     _ratio(_med(ss, bps), _med(null, bps)),
+                    _ratio(_med(ss, _cpu), _med(null, _cpu)),
                     with_spread(
                         [
                             s["batches"] / s["seconds"] / (n["batches"] / n["seconds"])
@@ -1391,6 +1392,7 @@ class Bench:
                 "ceiling batches/s",
                 "k rows/CPU-s",
                 "ratio of medians",
+                "CPU ratio",
                 "ratio per run",
                 "load",
             ],
