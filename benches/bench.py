@@ -1206,7 +1206,9 @@ class Bench:
                 [
                     WORKLOAD_LABEL[wl],
                     self.label(label),
-                    f"{summary([r['rss_peak_mb'] for r in runs])['median']:.0f}",
+                    f"{summary([r['rss_peak_mb'] for r in runs])['median']:.0f}"
+                    if SPAWN["always"]
+                    else "-",
                     f"{summary(over)['median']:.0f}",
                     *cells,
                     note,
@@ -1218,14 +1220,16 @@ class Bench:
                 [
                     "workload",
                     "condition",
-                    "shardstream peak RSS, MiB",
-                    "over imports, MiB",
+                    "shardstream peak RSS, MiB (--spawn)",
+                    "peak over imports, MiB",
                     "pyarrow best over imports, MiB",
                     "ratio",
                     "note",
                 ],
-                "(e) peak RSS of the (a)/(b) runs (medians; every child imports pyarrow, "
-                "shardstream and what it imports)",
+                "(e) peak RSS of the (a)/(b) runs over their RSS after imports (medians; every "
+                "run has imported pyarrow, torch and shardstream). Absolute peaks only with "
+                "--spawn: a forked run's RSS leaves out the server's file-backed pages it never "
+                "touches",
             )
 
     def shards_rss(self) -> None:
