@@ -867,13 +867,12 @@ class Bench:
                         status(f"(a/b) run {i + 1}/{n}: {wl}, core {core} busy, {variant}")
                         r = run_child(spec)
                         self.passes.setdefault((wl, cond, variant), []).append(r)
-        expected = {}
-        for (wl, _, variant), runs in self.passes.items():
+        for (wl, cond, variant), runs in self.passes.items():
             for r in runs:
-                if r["rows_per_pass"] != expected.setdefault(wl, r["rows_per_pass"]):
+                if r["rows_per_pass"] != self.args.rows or r["rows"] % self.args.rows:
                     raise SystemExit(
-                        f"{wl} {variant}: {r['rows_per_pass']} rows per pass, "
-                        f"expected {expected[wl]}"
+                        f"{wl} {cond} {variant}: {r['rows']} rows in {r['passes']} passes, "
+                        f"expected {self.args.rows:,} per pass"
                     )
         self.results["passes"] = {"/".join(k): v for k, v in self.passes.items()}
 
