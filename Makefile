@@ -116,8 +116,12 @@ $(BENCH_STAMP): $(BOOT_STAMP)
 	else echo "warning: could not install datasets>=2.18; its benchmark rows will be skipped" >&2; fi
 
 .PHONY: bench
-bench: build $(BENCH_STAMP) ## Run benchmarks and print a table (BENCH_ARGS='--help' for options)
+bench: build $(BENCH_STAMP) ## Run the benchmarks on a quiet machine, print their tables (docs/benchmarks.md; BENCH_ARGS='--help')
 	$(PY) benches/bench.py $(BENCH_ARGS)
+
+.PHONY: bench-quick
+bench-quick: build ## Every benchmark section at small sizes, one run each: a smoke run, not figures (BENCH_ARGS too)
+	$(PY) benches/bench.py --quick $(BENCH_ARGS)
 
 .PHONY: bench-s3
 bench-s3: build $(BENCH_STAMP) ## Object-store benchmark over a local moto S3 server (BENCH_S3_ARGS='--quick')
