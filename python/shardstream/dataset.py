@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from . import _core
+from . import _core, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
 from ._iterator import StreamIterator
@@ -35,12 +36,12 @@ from .convert import OUTPUTS, Converter
 from .errors import StateError
 from .integrations import accelerate as _accelerate
 
-try:  # torch is optional at import: numpy/python/arrow output work without it.
-    import torch
+# Never imported here: numpy/python/arrow output runs without torch, and the class is registered
+# as a torch IterableDataset once torch is there (_torch.py).
+if TYPE_CHECKING:
     from torch.utils.data import IterableDataset as _Base
-except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None  # type: ignore[assignment]
-    _Base = object  # type: ignore[assignment,misc]
+else:
+    _Base = object
 
 __all__ = ["ParquetStream"]
 
@@ -75,6 +76,7 @@ def _storage_options(options: Mapping[str, str] | None) -> dict[str, str] | None
 
 
 def _dist_rank_world() -> tuple[int, int]:
+    torch = sys.modules.get("torch")  # not imported: torch.distributed cannot be initialized
     if (
         torch is not None
         and torch.distributed.is_available()
@@ -90,6 +92,7 @@ def _check_count(value: Any, name: str) -> None:
 
 
 def _worker() -> tuple[int, int]:
+    torch = sys.modules.get("torch")  # not imported: not in a DataLoader worker
     info = torch.utils.data.get_worker_info() if torch is not None else None
     return (info.id, info.num_workers) if info is not None else (0, 1)
 
@@ -181,6 +184,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         Converter(output, pa.schema([]), list_format)  # validates output/list_format early
+        _torch.register_if_loaded(ParquetStream)  # in case the import hook could not run
         self._settings_args: dict[str, Any] = dict(
             seed=seed,
             shuffle_buffer=shuffle_buffer,
@@ -461,3 +465,6 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             f"batch_size={a['batch_size']}, shuffle_buffer={a['shuffle_buffer']}, "
             f"seed={a['seed']}, epochs={a['epochs']}, output={self._output!r})"
         )
+
+
+_torch.register_as_iterable_dataset(ParquetStream)
