@@ -115,7 +115,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             1``, each reshuffled with a seed from ``(seed, epoch)``), or ``None`` for endless.
         output: ``"torch"``, ``"numpy"``, ``"python"`` or ``"arrow"``.
         list_format: batch mode with numpy/torch output, ``list<number>`` columns: ``"split"``
-            (one 1-D array/tensor per row, views), ``"offsets"`` (``(values, offsets)``),
+            (a :class:`shardstream.convert.SplitList`: a ``list`` of 1-D arrays/tensors, one per
+            row, views of one values buffer, that crosses DataLoader workers as that buffer plus
+            offsets), ``"offsets"`` (``(values, offsets)``),
             ``"padded"`` (``(padded 2-D, lengths)``, 0-padded) or ``"nested"`` (a jagged
             ``torch.nested`` tensor). Columns with null lists or values stay Python lists.
         rank, world_size: this process's place among distributed ranks; default from
