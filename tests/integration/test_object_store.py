@@ -20,6 +20,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -450,6 +451,70 @@ def test_blackhole_at_open_raises_not_hangs(s3, small_url, fault_proxy):
     assert proxy.stats()["blackhole"] >= 1
 
 
+def _attempts(err: BaseException) -> tuple[int, float]:
+    """(attempts, seconds) from a "gave up after N attempts in S s" error."""
+    m = re.search(r"gave up after (\d+) attempts? in ([\d.]+) s", str(err))
+    assert m, f"the error does not say how long it tried: {err}"
+    return int(m.group(1)), float(m.group(2))
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        # retry_timeout binds: no attempt starts after 3 s, each lasts at most 1 s
+        dict(timeout="1s", retry_timeout="3s", max_retries="10"),
+        # max_retries binds: 1 + 2 attempts, each of them counted by the server once
+        dict(timeout="1s", retry_timeout="60s", max_retries="2"),
+    ],
+    ids=["retry_timeout", "max_retries"],
+)
+def test_silent_server_at_open_fails_within_the_configured_limits(
+    s3, small_url, fault_proxy, limits
+):
+    """One retry policy, applied once: the listing of a silent server is tried 1 +
+    max_retries times at most (the server sees every attempt), no attempt starts after
+    retry_timeout, so opening fails within retry_timeout + timeout, and the error says how
+    long it tried. (Before: a listing loop around object_store's own retries took 18.6 s at
+    timeout=2s, retry_timeout=5s, max_retries=2.)"""
+    proxy = fault_proxy(blackhole=True)
+    opts = s3.options(proxy.endpoint, **limits, backoff_initial="50ms")
+    _, err, elapsed = run_bounded(lambda: ParquetStream(small_url, storage_options=opts))
+    _expect_io_error(err, elapsed)
+    attempts, said = _attempts(err)
+    timeout, retry_timeout = 1.0, float(limits["retry_timeout"].rstrip("s"))
+    assert proxy.stats()["requests"] == attempts, (proxy.stats(), str(err))
+    assert attempts <= 1 + int(limits["max_retries"])
+    assert elapsed < min(retry_timeout, attempts * timeout + 1.0) + timeout + 1.5, (elapsed, err)
+    assert abs(said - elapsed) < 1.0, (said, elapsed)
+    if limits["max_retries"] == "2":
+        assert attempts == 3, str(err)
+    else:
+        assert said >= retry_timeout, f"gave up before retry_timeout: {err}"
+    assert "max_retries=" in str(err) and small_url in str(err)
+
+
+def test_silent_server_while_reading_fails_within_the_limits(s3, small_url, fault_proxy):
+    """The same bound for a ranged GET: 1 + max_retries attempts of it reach the server."""
+    proxy = fault_proxy()
+    limits = dict(timeout="1s", retry_timeout="60s", max_retries="2", backoff_initial="50ms")
+    ds = ParquetStream(
+        small_url,
+        storage_options=s3.options(proxy.endpoint, **limits),
+        output="python",
+        batch_size=5,
+        readahead_threads=0,
+    )
+    assert ds.num_rows > 0
+    proxy.reset_stats()
+    proxy.set_faults(blackhole=True)
+    _, err, elapsed = run_bounded(lambda: keys_of(ds, True))
+    _expect_io_error(err, elapsed)
+    attempts, _ = _attempts(err)
+    assert attempts == 3 and proxy.stats()["requests"] == 3, (proxy.stats(), str(err))
+    assert elapsed < 3 * 1.0 + 1.5, elapsed
+    assert "shard-0000" in str(err), str(err)
+
+
 @pytest.mark.parametrize("mode", ["blackhole", "stalled-body"])
 def test_silent_server_while_reading_raises_not_hangs(s3, small_url, fault_proxy, mode):
     proxy = fault_proxy()
@@ -805,3 +870,19 @@ def test_http_object_urls_equal_local(s3, small, small_url):
         ParquetStream(
             f"{s3.endpoint}/{bucket_prefix}/nope.parquet", storage_options={"allow_http": "true"}
         )
+
+
+def test_plain_http_without_allow_http_says_what_to_set(s3, small_url):
+    """reqwest refuses http:// unless allowed and says only "builder error": the error
+    names the option (and is not retried: it fails at once)."""
+    bucket_prefix = small_url.removeprefix("s3://").rstrip("/")
+    url = f"{s3.endpoint}/{bucket_prefix}/shard-00000.parquet"
+    for source, opts in [
+        (url, None),
+        (small_url, {**s3.options(), "aws_allow_http": "false"}),
+    ]:
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match='"allow_http" is "true"') as e:
+            ParquetStream(source, storage_options=opts)
+        assert time.monotonic() - t0 < 5, "a configuration error was retried"
+        assert source.rstrip("/") in str(e.value), str(e.value)
