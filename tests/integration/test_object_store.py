@@ -23,6 +23,8 @@ import http.client
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -904,3 +906,70 @@ def test_plain_http_without_allow_http_says_what_to_set(s3, s3_small_url):
             ParquetStream(source, storage_options=opts)
         assert time.monotonic() - t0 < 5, "a configuration error was retried"
         assert source.rstrip("/") in str(e.value), str(e.value)
+
+
+# ------------------------------------------------------------------ the sidecar in a bucket
+
+
+def _recorder(seen: list) -> Any:
+    """A fault proxy's ``only`` hook that records every (method, path) and lets the knobs
+    apply (none set: a counting proxy)."""
+
+    def only(method: str, path: str) -> bool:
+        seen.append((method, path))
+        return True
+
+    return only
+
+
+def test_remote_sidecar_opens_with_one_listing_and_one_get(s3, small, moto_proxy, tmp_path):
+    """``shardstream index s3://...`` puts the sidecar beside the shards; opening is then a
+    listing and one GET (no footer request), with the same fingerprint and stream; a resume
+    fetches the footers of the shards it reads only; an entry whose object changed (ETag)
+    falls back to that footer. (Writing: S3 only, fake-gcs-server takes no XML upload.)"""
+    url = s3.upload(small.root, bucket="indexed", cache=False)
+    opts = s3.options()
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)
+    local = full_stream(small.root, settings)
+    plain = ParquetStream(url, storage_options=opts)
+    fp, n = plain.catalog.fingerprint(), len(plain.shards)
+    assert plain.stats()["requests"] == 1 + n, plain.stats()  # a listing + a footer each
+    cmd = [sys.executable, "-m", "shardstream", "index", url, "--json"]
+    cmd += [f"--storage-option={k}={v}" for k, v in opts.items()]
+    info = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    assert info["index"] == url + "_shardstream_index.json" and info["shards"] == n
+    listed = s3.client.list_objects_v2(Bucket="indexed", Prefix="data/")["Contents"]
+    assert "data/_shardstream_index.json" in [o["Key"] for o in listed]
+
+    seen: list = []
+    proxy = moto_proxy(only=_recorder(seen))
+    popts = s3.options(proxy.endpoint)
+    ds = ParquetStream(url, storage_options=popts)
+    assert [m for m, _ in seen] == ["GET", "GET"], seen  # the listing, the sidecar
+    assert "list-type=" in seen[0][1] and seen[1][1].endswith("_shardstream_index.json")
+    assert ds.stats()["requests"] == 2
+    assert ds.catalog.fingerprint() == fp
+    assert full_stream(url, s3_settings(popts, settings)) == local
+
+    # a resume in the last shard: only that shard's footer (and pages) are fetched
+    rs = dict(output="python", columns=["id"], batch_size=5, readahead_threads=0)
+    rows_before = small.num_rows - 7
+    loc = make_ds(small.root, rs)
+    take(iter(loc), rows_before // 5)
+    state = torch_roundtrip(loc.state_dict())
+    seen.clear()
+    fresh = make_ds(url, s3_settings(popts, rs))
+    fresh.load_state_dict(state)
+    rest = keys_of(fresh, True)
+    assert flat(rest) == small.ids[(rows_before // 5) * 5 :]
+    shards_read = {p.rsplit("/", 1)[-1] for m, p in seen if p.endswith(".parquet")}
+    assert shards_read == {os.path.basename(small.paths[-1])}, seen
+
+    # a changed object (new ETag): its footer is read, the others still come from the sidecar
+    _rewrite(s3, "indexed", "data/" + os.path.basename(small.paths[1]), 50_000, str(tmp_path))
+    seen.clear()
+    changed = ParquetStream(url, storage_options=popts)
+    footers = [p for m, p in seen if p.endswith(".parquet")]
+    assert footers == ["/indexed/data/" + os.path.basename(small.paths[1])], seen
+    assert changed.catalog.fingerprint() != fp
+    assert changed.num_rows == small.num_rows - len(pq.read_table(small.paths[1])) + 75

@@ -361,6 +361,16 @@ impl DictCache {
     }
 }
 
+/// What one URL source names (see [`Store::resolve`]).
+#[derive(Debug)]
+pub struct Resolved {
+    pub objects: Vec<Object>,
+    /// The prefix that was listed (`None`: the URL named one object).
+    pub listed: Option<ObjPath>,
+    /// Objects with the name asked for that the listing came across.
+    pub also: Vec<Object>,
+}
+
 /// One remote shard: its store, key, and the size and ETag seen when the catalog was opened.
 #[derive(Debug, Clone)]
 pub struct Object {
@@ -557,14 +567,20 @@ impl Store {
 
     /// Every object `url` names: the object itself, every `*.parquet` below it (a prefix or
     /// "directory"), or, when the URL's path has glob characters, every object matching it.
-    /// Sorted by key; an empty result is an error naming the URL.
-    pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str) -> Result<Vec<Object>> {
+    /// Sorted by key; an empty result is an error naming the URL. Objects named `also` that a
+    /// listing came across are reported beside them (the catalog's sidecar, found for free).
+    pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str, also: &str) -> Result<Resolved> {
         let key = self.location(url)?;
         let key_str = key.as_ref().to_string();
         let glob_at = key_str.find(['*', '?', '[']);
         let store = self.clone();
         let raw_owned = raw.to_string();
-        let metas: Vec<ObjectMeta> = self.run(move |client| async move {
+        let also = format!("/{also}");
+        let is_also = move |m: &ObjectMeta| {
+            m.location.as_ref().ends_with(&also) || m.location.as_ref() == &also[1..]
+        };
+        type Found = (Vec<ObjectMeta>, Option<ObjPath>, Vec<ObjectMeta>);
+        let (metas, listed, extra): Found = self.run(move |client| async move {
             let stats = store.stats.clone();
             let list = |prefix: ObjPath| {
                 let (client, store) = (client.clone(), store.clone());
@@ -589,11 +605,13 @@ impl Store {
                     require_literal_separator: true,
                     ..Default::default()
                 };
-                let all = list(prefix).await?;
-                return Ok(all
+                let all = list(prefix.clone()).await?;
+                let extra = all.iter().filter(|m| is_also(m)).cloned().collect();
+                let matched = all
                     .into_iter()
                     .filter(|m| pattern.matches_with(m.location.as_ref(), opts))
-                    .collect());
+                    .collect();
+                return Ok((matched, Some(prefix), extra));
             }
             if http || key_str.ends_with(".parquet") {
                 stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -611,14 +629,16 @@ impl Store {
                     })
                     .await?;
                 if let Some(m) = head {
-                    return Ok(vec![m]);
+                    return Ok((vec![m], None, Vec::new()));
                 }
             }
-            let all = list(key).await?;
-            Ok(all
+            let all = list(key.clone()).await?;
+            let extra = all.iter().filter(|m| is_also(m)).cloned().collect();
+            let matched = all
                 .into_iter()
                 .filter(|m| m.location.as_ref().ends_with(".parquet"))
-                .collect())
+                .collect();
+            Ok((matched, Some(key), extra))
         })?;
         if metas.is_empty() {
             return Err(Error::NotFound {
@@ -630,19 +650,80 @@ impl Store {
                 },
             });
         }
-        let mut out: Vec<Object> = metas
-            .into_iter()
-            .map(|m| Object {
-                store: self.clone(),
-                location: m.location,
-                size: m.size,
-                etag: m.e_tag,
-            })
-            .collect();
+        let object = |m: ObjectMeta| Object {
+            store: self.clone(),
+            location: m.location,
+            size: m.size,
+            etag: m.e_tag,
+        };
+        let mut out: Vec<Object> = metas.into_iter().map(object).collect();
         out.sort_by(|a, b| {
             std::path::Path::new(a.location.as_ref()).cmp(std::path::Path::new(b.location.as_ref()))
         });
-        Ok(out)
+        Ok(Resolved {
+            objects: out,
+            listed,
+            also: extra.into_iter().map(object).collect(),
+        })
+    }
+
+    /// Does a listing of `prefix` (object_store's prefix: whole path segments) see `key`?
+    pub(crate) fn covers(prefix: &ObjPath, key: &ObjPath) -> bool {
+        prefix.as_ref().is_empty() || key.prefix_match(prefix).is_some()
+    }
+
+    /// The whole object at `location` (one GET under the retry policy), or `None` if there is
+    /// none. For small files read whole (the sidecar).
+    pub(crate) fn get_whole(
+        self: &Arc<Self>,
+        location: &ObjPath,
+        what: &str,
+    ) -> Result<Option<Bytes>> {
+        let location = location.clone();
+        let what = what.to_string();
+        let stats = self.stats.clone();
+        let me = self.clone();
+        self.run(move |client| async move {
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            let got = me
+                .retrying(&what, || {
+                    let (client, location) = (client.clone(), location.clone());
+                    async move {
+                        match client.get(&location).await {
+                            Ok(r) => r.bytes().await.map(Some),
+                            Err(object_store::Error::NotFound { .. }) => Ok(None),
+                            Err(e) => Err(e),
+                        }
+                    }
+                })
+                .await?;
+            if let Some(b) = &got {
+                stats.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+            }
+            Ok(got)
+        })
+    }
+
+    /// Write `data` to `location` (one PUT under the retry policy; object stores replace an
+    /// object whole, so readers see the old or the new one).
+    pub(crate) fn put_whole(
+        self: &Arc<Self>,
+        location: &ObjPath,
+        data: Bytes,
+        what: &str,
+    ) -> Result<()> {
+        let location = location.clone();
+        let what = what.to_string();
+        let stats = self.stats.clone();
+        let me = self.clone();
+        self.run(move |client| async move {
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            me.retrying(&what, || {
+                let (client, location, data) = (client.clone(), location.clone(), data.clone());
+                async move { client.put(&location, data.into()).await.map(|_| ()) }
+            })
+            .await
+        })
     }
 
     /// Run `op` (one attempt of a request, a fresh future each call) under the retry policy:
