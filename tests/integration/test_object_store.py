@@ -973,3 +973,26 @@ def test_remote_sidecar_opens_with_one_listing_and_one_get(s3, small, moto_proxy
     assert footers == ["/indexed/data/" + os.path.basename(small.paths[1])], seen
     assert changed.catalog.fingerprint() != fp
     assert changed.num_rows == small.num_rows - len(pq.read_table(small.paths[1])) + 75
+
+
+@pytest.mark.timeout(600)
+def test_spawned_workers_get_the_catalog_not_a_listing(objstore, small, small_url, fault_proxy):
+    """Spawn-started DataLoader workers receive the parent's catalog: the store sees one
+    listing (the parent's); a worker fetches a footer only for a shard it reads; the stream
+    is exact. (Before: each worker listed and read every footer again.)"""
+    from torch.utils.data import DataLoader
+
+    settings = dict(output="torch", batch_size=8, shuffle_buffer=20, seed=5)
+    want = keys_of(DataLoader(make_ds(small.root, settings), batch_size=None, num_workers=2), True)
+    seen: list = []
+    proxy = fault_proxy(only=_recorder(seen))
+    ds = make_ds(small_url, s3_settings(objstore.options(proxy.endpoint), settings))
+    opened = len(seen)
+    loader = DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context="spawn", timeout=120
+    )
+    assert keys_of(loader, True) == want
+    lists = [p for _, p in seen if "list-type=" in p]
+    assert len(lists) == 1 and "list-type=" in seen[0][1], seen[:3]
+    assert opened == 1 + len(small.paths), seen[:opened]  # the parent: a listing, the footers
+    assert len(seen) > opened
