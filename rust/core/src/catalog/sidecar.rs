@@ -24,7 +24,8 @@ use arrow_schema::{Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
 use super::footer::{
-    fill_schemas, indexed_shard, mtime_ns, read_footers, read_remote_footers, rel_path, RemoteSet,
+    file_id, fill_schemas, indexed_shard, mtime_ns, read_footers, read_remote_footers, rel_path,
+    RemoteSet,
 };
 use super::schema::schema_digest;
 use super::{Catalog, RowGroupInfo, Shard};
@@ -60,6 +61,10 @@ struct Entry {
     /// Objects: what the entry is checked against with the size (mtime changes with a copy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     etag: Option<String>,
+    /// Snapshots only: a local file's `[device, inode]` when the catalog opened it, so the
+    /// copy checks every open as the original does (a sidecar's would be stale after a copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    file_id: Option<[u64; 2]>,
     /// `[rows, byte_offset, compressed_bytes]` per row group.
     row_groups: Vec<[u64; 3]>,
     offset_index: bool,
@@ -138,12 +143,14 @@ fn schemas_of(index: &mut IndexFile, file: &str) -> Result<HashMap<[u8; 16], Sch
 }
 
 /// A shard known from an entry: no footer read (it is parsed, and checked, on first use).
+/// `file_id`: a local file's device and inode, checked at every open (`None` for objects).
 fn entry_shard(
     path: PathBuf,
     rel: String,
     e: &Entry,
     schemas: &HashMap<[u8; 16], SchemaRef>,
     object: Option<Object>,
+    file_id: Option<(u64, u64)>,
     file: &str,
 ) -> Result<Shard> {
     let schema_digest = unhex(&e.schema, "schema digest", file)?;
@@ -156,6 +163,7 @@ fn entry_shard(
         e.offset_index,
         unhex(&e.footer, "footer digest", file)?,
         schema_digest,
+        file_id,
     );
     if let Some(schema) = schemas.get(&schema_digest) {
         shard.schema = schema.clone();
@@ -202,17 +210,18 @@ pub(crate) fn open_shards(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>> 
         let current = match entries.remove(&rel) {
             Some(e) => {
                 let fs = std::fs::metadata(path).map_err(|err| Error::io(path, err))?;
-                (fs.len() == e.size && mtime_ns(&fs) == e.mtime_ns).then_some(e)
+                (fs.len() == e.size && mtime_ns(&fs) == e.mtime_ns).then_some((e, file_id(&fs)))
             }
             None => None,
         };
         match current {
-            Some(e) => known.push(Some(entry_shard(
+            Some((e, id)) => known.push(Some(entry_shard(
                 path.clone(),
                 rel,
                 &e,
                 &schemas,
                 None,
+                Some(id),
                 &sidecar,
             )?)),
             None => {
@@ -304,7 +313,7 @@ pub(crate) fn open_remote(set: RemoteSet) -> Result<(PathBuf, Vec<Shard>, Vec<Ar
         let rel = rel_path(&path, &root);
         match entries.remove(&rel) {
             Some(e) if e.size == obj.size && same_etag(&e.etag, &obj.etag) => known.push(Some(
-                entry_shard(path, rel, &e, &schemas, Some(obj), &name)?,
+                entry_shard(path, rel, &e, &schemas, Some(obj), None, &name)?,
             )),
             _ => {
                 known.push(None);
@@ -334,7 +343,7 @@ fn rows_of(e: &Entry) -> Vec<RowGroupInfo> {
 }
 
 /// Every shard of `catalog` as sidecar entries, with every schema.
-fn index_of(catalog: &Catalog) -> IndexFile {
+fn index_of(catalog: &Catalog, with_file_ids: bool) -> IndexFile {
     let mut schemas = BTreeMap::new();
     let shards = catalog
         .shards()
@@ -348,6 +357,7 @@ fn index_of(catalog: &Catalog) -> IndexFile {
                 size: s.size,
                 mtime_ns: s.mtime_ns,
                 etag: s.object.as_ref().and_then(|o| o.etag.clone()),
+                file_id: s.file_id.filter(|_| with_file_ids).map(|(d, i)| [d, i]),
                 row_groups: s
                     .row_groups
                     .iter()
@@ -371,7 +381,7 @@ fn index_of(catalog: &Catalog) -> IndexFile {
 /// temporary file renamed over the old one) or an object beside the shards (one PUT, which
 /// replaces it whole). Returns its path or URL.
 pub fn write(catalog: &Catalog) -> Result<PathBuf> {
-    let data = serde_json::to_vec(&index_of(catalog))
+    let data = serde_json::to_vec(&index_of(catalog, false))
         .map_err(|e| Error::Internal(format!("cannot encode the index: {e}")))?;
     if catalog.is_remote() {
         let Some((store, key, name)) = remote_sidecar(catalog.root(), &catalog.stores) else {
@@ -413,7 +423,7 @@ pub fn snapshot(catalog: &Catalog) -> Result<Vec<u8>> {
             .iter()
             .map(|f| f.name().clone())
             .collect(),
-        index: index_of(catalog),
+        index: index_of(catalog, true),
     };
     serde_json::to_vec(&snap)
         .map_err(|e| Error::Internal(format!("cannot encode the catalog: {e}")))
@@ -471,6 +481,7 @@ pub fn from_snapshot(data: &[u8], storage_options: &BTreeMap<String, String>) ->
             e,
             &schemas,
             object,
+            e.file_id.map(|[d, i]| (d, i)),
             WHAT,
         )?);
     }
