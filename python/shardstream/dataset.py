@@ -14,8 +14,9 @@ Design decisions (the why; the what is in docs/ARCHITECTURE.md):
   the dataset object is built in the main process and copied into workers.
 * No threads or runtimes are created before iteration, so forking DataLoader workers is safe;
   the Rust objects hold only memory and re-open files per read. For spawn-started workers the
-  dataset pickles without its Rust objects (the position travels as plain states) and re-opens
-  the catalog, checking the fingerprint.
+  catalog pickles as its snapshot (the sidecar's JSON form: a worker lists nothing and reads a
+  footer only when it first reads that shard, checking it against the recorded digest) and the
+  position as plain states.
 """
 
 from __future__ import annotations
@@ -219,10 +220,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._list_format = list_format
         self._rank = rank
         self._world_size = world_size
-        self._catalog: RawCatalog | None = RawCatalog(
-            self._sources, self._columns, self._storage_options
-        )
-        self._fingerprint: dict[str, Any] = self._catalog.fingerprint()
+        self._catalog = RawCatalog(self._sources, self._columns, self._storage_options)
         # Where the next iterator starts; None only after unpickling, until first needed.
         self._resume: RawResume | None = RawResume.start(0)
         self._pickled_resume: tuple[list[dict[str, Any]], Any] | None = None
@@ -232,14 +230,6 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- properties ---------------------------------------------------------------------------
     @property
     def catalog(self) -> RawCatalog:
-        if self._catalog is None:  # re-opened after unpickling in a spawned worker
-            cat = RawCatalog(self._sources, self._columns, self._storage_options)
-            if cat.fingerprint() != self._fingerprint:
-                raise StateError(
-                    "the shard set changed between creating the dataset and iterating it "
-                    f"(was {self._fingerprint}, now {cat.fingerprint()})"
-                )
-            self._catalog = cat
         return self._catalog
 
     def stats(self) -> dict[str, int]:
@@ -478,7 +468,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         it = self._iter
         start = it.resume_point() if it is not None and it.started else self._start_point()
         d["_pickled_resume"] = (start.states(self.catalog, self._settings), start.replay())
-        d["_catalog"] = d["_resume"] = d["_iter"] = d["_settings"] = None
+        # _catalog pickles as its snapshot: no listing or footer read in the worker
+        d["_resume"] = d["_iter"] = d["_settings"] = None
         # Spawned workers do not see accelerate's loader: take what it is from here.
         d["_wrapped"] = self.__dict__.get("_wrapped") or _accelerate.wrapper(self)
         return d

@@ -99,14 +99,23 @@ pub(super) fn load_meta(file: &File, path: &Path) -> Result<ArrowReaderMetadata>
     ArrowReaderMetadata::try_new(Arc::new(md), options).map_err(bad)
 }
 
-/// Resolve URL sources to objects (listing prefixes, matching globs) and read their footers,
-/// [`FOOTER_CONCURRENCY`](crate::store::FOOTER_CONCURRENCY) at a time. One store per scheme and
+/// URL sources resolved: the objects (in path order), the dataset root, the stores, and any
+/// metadata sidecars the listings saw.
+pub(crate) struct RemoteSet {
+    pub root: PathBuf,
+    pub objects: Vec<Object>,
+    pub stores: Vec<Arc<Store>>,
+    pub resolved: Vec<crate::store::Resolved>,
+}
+
+/// Resolve URL sources to objects (listing prefixes, matching globs). One store per scheme and
 /// bucket; the root is the deepest common "directory" of the objects' URLs.
-pub(super) fn open_remote(
+pub(super) fn resolve_remote(
     sources: &[String],
     options: &BTreeMap<String, String>,
-) -> Result<(PathBuf, Vec<Shard>, Vec<Arc<Store>>)> {
+) -> Result<RemoteSet> {
     let mut stores: Vec<Arc<Store>> = Vec::new();
+    let mut resolved = Vec::new();
     // Keyed by the URL as a path, so objects sort by path components exactly as local files do
     // ("a/x" before "a-b"): a local copy and a bucket copy give the same stream.
     let mut objects: BTreeMap<PathBuf, Object> = BTreeMap::new();
@@ -121,23 +130,42 @@ pub(super) fn open_remote(
                 s
             }
         };
-        for obj in store.resolve(&url, src)? {
-            objects.insert(PathBuf::from(obj.url()), obj);
+        let r = store.resolve(&url, src, super::sidecar::INDEX_FILE)?;
+        for obj in &r.objects {
+            objects.insert(PathBuf::from(obj.url()), obj.clone());
         }
+        resolved.push(r);
     }
     let urls: Vec<PathBuf> = objects.keys().cloned().collect();
     let root = common_root(&urls);
+    Ok(RemoteSet {
+        root,
+        objects: objects.into_values().collect(),
+        stores,
+        resolved,
+    })
+}
+
+/// Read the footers of `objects` (all of `stores`),
+/// [`FOOTER_CONCURRENCY`](crate::store::FOOTER_CONCURRENCY) at a time, in order.
+pub(super) fn read_remote_footers(
+    objects: &[Object],
+    stores: &[Arc<Store>],
+    root: &Path,
+) -> Result<Vec<Shard>> {
     let mut shards = Vec::with_capacity(objects.len());
     // Footers are fetched per store (each has its own client), keeping the global order.
-    let objects: Vec<Object> = objects.into_values().collect();
-    for store in &stores {
+    for store in stores {
         let mine: Vec<(usize, Object)> = objects
             .iter()
             .cloned()
             .enumerate()
             .filter(|(_, o)| Arc::ptr_eq(&o.store, store))
             .collect();
-        let root_for = root.clone();
+        if mine.is_empty() {
+            continue;
+        }
+        let root_for = root.to_path_buf();
         let read = crate::store::run_buffered(
             store,
             mine,
@@ -150,16 +178,28 @@ pub(super) fn open_remote(
         shards.extend(read);
     }
     shards.sort_by_key(|(i, _)| *i);
-    Ok((root, shards.into_iter().map(|(_, s)| s).collect(), stores))
+    Ok(shards.into_iter().map(|(_, s)| s).collect())
 }
 
-/// One remote footer: a single suffix request in the common case ([`crate::store`] sizes it to
-/// hold footer and offset index), more only when the decoder asks for them.
+/// One remote footer and its shard.
 async fn read_remote_footer(
     client: Arc<dyn object_store::ObjectStore>,
     obj: Object,
     root: &Path,
 ) -> Result<Shard> {
+    let path = PathBuf::from(obj.url());
+    let (meta, footer_digest) = remote_meta(client, obj.clone()).await?;
+    let rel = rel_path(&path, root);
+    shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
+}
+
+/// One remote footer, parsed, and the digest of its raw bytes: a single suffix request in the
+/// common case ([`crate::store`] sizes it to hold footer and offset index), more only when the
+/// decoder asks for them.
+pub(crate) async fn remote_meta(
+    client: Arc<dyn object_store::ObjectStore>,
+    obj: Object,
+) -> Result<(ArrowReaderMetadata, [u8; 16])> {
     use parquet::file::metadata::ParquetMetaDataPushDecoder;
     use parquet::DecodeResult;
     let url = obj.url();
@@ -238,8 +278,7 @@ async fn read_remote_footer(
         let md = compat::fix_num_rows(compat::fix_column_chunks(md, None, &path)?);
         ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new()).map_err(bad)
     })?;
-    let rel = rel_path(&path, root);
-    shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
+    Ok((meta, footer_digest))
 }
 
 pub(crate) fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
@@ -274,7 +313,7 @@ pub(crate) fn indexed_shard(
     has_offset_index: bool,
     footer_digest: [u8; 16],
     schema_digest: [u8; 16],
-    file_id: (u64, u64),
+    file_id: Option<(u64, u64)>,
 ) -> Shard {
     Shard {
         path,
@@ -286,7 +325,7 @@ pub(crate) fn indexed_shard(
         has_offset_index,
         footer_digest,
         mtime_ns,
-        file_id: Some(file_id),
+        file_id,
         schema_digest,
         schema: Arc::new(Schema::empty()), // set from its schema group's representative
         meta: OnceLock::new(),
@@ -301,7 +340,8 @@ pub(crate) fn indexed_shard(
 pub(crate) fn fill_schemas(shards: &mut [Shard]) -> Result<()> {
     let mut known: std::collections::HashMap<[u8; 16], SchemaRef> = Default::default();
     for s in shards.iter() {
-        if s.meta.get().is_some() {
+        // read from its footer, or given by the sidecar (checked against the digest there)
+        if s.meta.get().is_some() || !s.schema.fields().is_empty() {
             known
                 .entry(s.schema_digest)
                 .or_insert_with(|| s.schema.clone());

@@ -89,26 +89,35 @@ impl Shard {
         if let Some(m) = self.meta.get() {
             return Ok(m);
         }
-        if self.object.is_some() {
-            // Remote footers are read when the catalog opens, never lazily.
-            return Err(Error::Internal(format!(
-                "footer of {} was not read",
-                self.path.display()
-            )));
+        let changed = |what: String| {
+            Error::shard(
+                &self.path,
+                format!(
+                    "changed since its metadata was indexed or the dataset opened ({what}): \
+                     rerun `shardstream index` or delete {}",
+                    sidecar::INDEX_FILE
+                ),
+            )
+        };
+        if let Some(obj) = &self.object {
+            // Fetched with If-Match on the ETag the entry was checked against.
+            let o = obj.clone();
+            let (meta, digest) = obj
+                .store
+                .run(move |client| footer::remote_meta(client, o))?;
+            if digest != self.footer_digest {
+                return Err(changed("footer differs".into()));
+            }
+            return Ok(self.meta.get_or_init(|| meta));
         }
         let file = std::fs::File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
         let size = file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
         let digest = footer::footer_digest(&file, size).map_err(|e| Error::io(&self.path, e))?;
         if size != self.size || digest != self.footer_digest {
-            return Err(Error::shard(
-                &self.path,
-                format!(
-                    "changed since its metadata was indexed (size {} -> {size} bytes or footer \
-                     differs): rerun `shardstream index` or delete {}",
-                    self.size,
-                    sidecar::INDEX_FILE
-                ),
-            ));
+            return Err(changed(format!(
+                "size {} -> {size} bytes or footer differs",
+                self.size
+            )));
         }
         let meta = shard_guard(&self.path, || footer::load_meta(&file, &self.path))?;
         Ok(self.meta.get_or_init(|| meta))
@@ -179,7 +188,7 @@ impl Catalog {
         storage_options: &BTreeMap<String, String>,
     ) -> Result<Self> {
         let remote = sources.iter().filter(|s| crate::store::is_url(s)).count();
-        let (root, mut shards, stores) = if remote == 0 {
+        let (root, shards, stores) = if remote == 0 {
             if !storage_options.is_empty() {
                 return Err(Error::Config(
                     "storage_options only apply to URL sources (s3://, gs://, az://, https://, \
@@ -192,7 +201,7 @@ impl Catalog {
             let shards = sidecar::open_shards(&paths, &root)?;
             (root, shards, Vec::new())
         } else if remote == sources.len() {
-            footer::open_remote(sources, storage_options)?
+            sidecar::open_remote(footer::resolve_remote(sources, storage_options)?)?
         } else {
             return Err(Error::Config(
                 "sources mix URLs and local paths: use file:///abs/path URLs for the local ones \
@@ -200,6 +209,17 @@ impl Catalog {
                     .into(),
             ));
         };
+        Self::assemble(root, shards, stores, columns)
+    }
+
+    /// The catalog of `shards` (footers read or known from a sidecar, schemas set): row
+    /// numbering, projection and fingerprint.
+    fn assemble(
+        root: PathBuf,
+        mut shards: Vec<Shard>,
+        stores: Vec<Arc<Store>>,
+        columns: Option<&[String]>,
+    ) -> Result<Self> {
         let mut first_row = 0u64;
         for shard in &mut shards {
             shard.first_row = first_row;
@@ -216,6 +236,18 @@ impl Catalog {
             units: OnceLock::new(),
             stores,
         })
+    }
+
+    /// This catalog as JSON, to reopen it elsewhere with [`Catalog::from_snapshot`] (how a
+    /// spawned DataLoader worker gets its parent's catalog).
+    pub fn snapshot(&self) -> Result<Vec<u8>> {
+        sidecar::snapshot(self)
+    }
+
+    /// A catalog from [`Catalog::snapshot`]'s JSON: no listing, no stat, no footer read until
+    /// a shard is first used (then checked against the recorded digest).
+    pub fn from_snapshot(data: &[u8], storage_options: &BTreeMap<String, String>) -> Result<Self> {
+        sidecar::from_snapshot(data, storage_options)
     }
 
     /// True when the shards come from object stores.
