@@ -158,10 +158,12 @@ class ResumableSampler:
 
     # -- where the next iterator starts --------------------------------------------------------
     def _start_point(self) -> dict[str, Any]:
-        """Where a new iterator starts: where the newest one stands once it has started (the
-        start of its epoch again if it ran to the end), else the start point."""
+        """Where a new iterator starts: where the newest one stands once it has started, or
+        the start of its epoch again if it has nothing left (ran to the end, or was made at
+        the end: torchdata's loader makes a second iterator after loading a finished pass and
+        expects a new pass from it); else the start point."""
         it = self._iter
-        if it is not None and it.started:
+        if it is not None and (it.started or len(self._raw.run(self._start)) == 0):
             self._start, self._iter = it.resume_point(), None
             self._loaded = False
         return self._start
@@ -332,11 +334,15 @@ class _SamplerIterator:
         return self._run.state_dict(k)
 
     def resume_point(self) -> dict[str, Any]:
-        """Where the next iterator starts: here, or the start of this epoch once it ran out."""
-        assert self._run is not None
+        """Where the next iterator starts: here, or the start of this epoch once nothing is
+        left (started or not)."""
+        raw = self._owner._raw
+        if self._run is None:  # not started: its start point has nothing left
+            start = self._owner._start
+            return raw.start(int(start["epoch"]), start)
         state = self._run.state_dict(self._k)
         if self.exhausted:
-            return self._owner._raw.start(self._run.epoch, state)
+            return raw.start(self._run.epoch, state)
         return state
 
     def skip(self, n: int) -> None:

@@ -10,9 +10,10 @@ Usage: ``mapstyle_job.py SPEC.json``; SPEC keys (``{rank}`` in paths is filled i
 * ``load``: ``None`` or a list of ``torch.save`` files (loader states of the old run; ``{rank}``
   filled in); one is loaded into the loader (same worker count), several into the sampler
   (elastic).
-* ``stop``: ``None`` (to the end of the epoch) or the number of batches after which the
-  loader's state is saved to ``save`` (ranks stop in step, as training steps do).
-* ``out``: JSON ``{"rank", "world", "ids": [...]}``.
+* ``stop``: ``None`` or the number of batches after which the loader's state is saved to
+  ``save`` (ranks save in step, as training steps do); the job reads on to the epoch's end
+  either way, so one run gives the uninterrupted stream and a state inside it.
+* ``out``: JSON ``{"rank", "world", "ids": [...], "saved_at": ids read when saving or None}``.
 """
 
 from __future__ import annotations
@@ -56,14 +57,15 @@ def main() -> None:
         sampler.set_epoch(spec["epoch"])  # the loaded epoch: keeps the loaded position
 
     ids: list[int] = []
+    saved_at = None
     stop = spec.get("stop")
     for b, batch in enumerate(loader):
         ids += [int(i) for i in batch["id"]]
         if stop is not None and b + 1 == stop:
             torch.save(loader.state_dict(), spec["save"].format(rank=rank))
-            break
+            saved_at = len(ids)
     with open(spec["out"].format(rank=rank), "w") as f:
-        json.dump({"rank": rank, "world": world, "ids": ids}, f)
+        json.dump({"rank": rank, "world": world, "ids": ids, "saved_at": saved_at}, f)
     dist.barrier()
     dist.destroy_process_group()
 
