@@ -289,7 +289,8 @@ mod tests {
             for ids_ in &reqs {
                 let b = access.take(ids_).unwrap();
                 prop_assert_eq!(b.schema().fields().len(), 3);
-                prop_assert_eq!(b.schema().field(0).name(), "text");
+                let schema = b.schema();
+                prop_assert_eq!(schema.field(0).name(), "text");
                 check_rows(&b, ids_);
             }
             let s = rows.cache_stats();
