@@ -25,6 +25,7 @@ and docs/state-format.md):
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import warnings
@@ -117,7 +118,16 @@ class ResumableSampler:
     ) -> None:
         if isinstance(data_source, bool):
             raise TypeError("data_source must be a dataset with len() or an int, got bool")
-        rows = data_source if isinstance(data_source, int) else len(data_source)
+        if hasattr(data_source, "__len__"):
+            rows = len(data_source)
+        else:
+            try:
+                rows = operator.index(data_source)  # an int, numpy int, ...
+            except TypeError:
+                raise TypeError(
+                    "data_source must be a dataset with len() or an int, got "
+                    f"{type(data_source).__name__}"
+                ) from None
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together (or neither)")
         if rank is None or world_size is None:

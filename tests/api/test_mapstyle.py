@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from harness import pickle_roundtrip, torch_roundtrip, walk, set_path, del_path
+from harness import del_path, pickle_roundtrip, set_path, torch_roundtrip, walk
 from hypothesis import given
 from hypothesis import strategies as st
 from reliability.scripts import corpus
@@ -49,7 +49,9 @@ class Ref:
         ref = reference(table, schema)
         self.num_rows = ref.num_rows
         self.types = {f.name: f.type for f in ref.schema}
-        self.values = {f.name: [canon(x) for x in ref.column(f.name).to_pylist()] for f in ref.schema}
+        self.values = {
+            f.name: [canon(x) for x in ref.column(f.name).to_pylist()] for f in ref.schema
+        }
 
     def check(self, got: pa.RecordBatch, idx: list[int], what: str) -> None:
         """``got`` holds exactly pyarrow's rows ``idx`` (NaN equal to NaN), column by column."""
@@ -138,14 +140,18 @@ OUTPUT_FORMATS = [(o, f) for o in ("torch", "numpy") for f in ("split", "offsets
 def test_outputs_are_the_streams(small, output, list_format):
     """``take`` gives what ParquetStream's batch mode gives for the same rows; ``ds[i]`` what
     its row mode gives."""
-    kw = dict(columns=["id", "tokens", "text", "label", "cat"], output=output, list_format=list_format)
+    kw = dict(
+        columns=["id", "tokens", "text", "label", "cat"], output=output, list_format=list_format
+    )
     ds = ParquetRows(small.root, **kw)
     stream = ParquetStream(small.root, batch_size=50, **kw)
     want = next(iter(stream))
     got = ds.take(range(50))
     assert_same(got, want)
     assert_same(ds[10:60], ds.take(list(range(10, 60))))
-    rows = list(itertools.islice(iter(ParquetStream(small.root, **{**kw, "list_format": "split"})), 60))
+    rows = list(
+        itertools.islice(iter(ParquetStream(small.root, **{**kw, "list_format": "split"})), 60)
+    )
     dsr = ParquetRows(small.root, **{**kw, "list_format": "split"})
     for i in (0, 7, 59):
         assert_same(dsr[i], rows[i])
@@ -362,7 +368,12 @@ def test_resume_continues_identically_at_many_points(world, kw):
         with pytest.raises(StopIteration):
             next(it)
         for k, state in states.items():
-            use = (state, torch_roundtrip(state), pickle_roundtrip(state), json.loads(json.dumps(state)))[k % 4]
+            use = (
+                state,
+                torch_roundtrip(state),
+                pickle_roundtrip(state),
+                json.loads(json.dumps(state)),
+            )[k % 4]
             s2 = ResumableSampler(n, seed=8, rank=r, world_size=world, **kw)
             s2.load_state_dict(use)
             assert list(s2) == full[k:], f"rank {r} k={k}"
@@ -449,7 +460,9 @@ def test_sampler_order_is_what_the_loader_reads(small):
     ds = ParquetRows(small.root, columns=["id"], output="python")
     s = ResumableSampler(ds, seed=12, rank=1, world_size=2)
     order = list(s)
-    dl = torch.utils.data.DataLoader(ds, batch_size=16, sampler=s, num_workers=2, collate_fn=collate)
+    dl = torch.utils.data.DataLoader(
+        ds, batch_size=16, sampler=s, num_workers=2, collate_fn=collate
+    )
     assert [i for b in dl for i in b["id"]] == [small.ids[i] for i in order]
 
 
@@ -596,6 +609,7 @@ def test_arguments_are_named():
     cases = [
         (dict(data_source=-1), ValueError, "length"),
         (dict(data_source=True), TypeError, "bool"),
+        (dict(data_source=2.5), TypeError, "data_source must be a dataset with len"),
         (dict(data_source=5, seed=-1), ValueError, "seed"),
         (dict(data_source=5, seed=2**64), ValueError, "seed"),
         (dict(data_source=5, block_size=0), ValueError, "block_size"),
@@ -611,6 +625,7 @@ def test_arguments_are_named():
     for kw, exc, match in cases:
         with pytest.raises(exc, match=match):
             ResumableSampler(**kw)
+    assert len(ResumableSampler(np.int64(7))) == len(ResumableSampler(range(7))) == 7
     s = ResumableSampler(5)
     with pytest.raises(ValueError, match="epoch"):
         s.set_epoch(-1)

@@ -78,7 +78,9 @@ def test_plain_dataloader_explicit_save_and_load(small):
     """A plain DataLoader with prefetching workers: save with the batches the loop received."""
     ds = ParquetRows(small.root, columns=["id"], output="python")
     s = ResumableSampler(ds, seed=2)
-    dl = torch.utils.data.DataLoader(ds, batch_size=10, sampler=s, num_workers=2, collate_fn=collate)
+    dl = torch.utils.data.DataLoader(
+        ds, batch_size=10, sampler=s, num_workers=2, collate_fn=collate
+    )
     full = ids_of(dl)
     it = iter(dl)
     head = ids_of(next(it) for _ in range(7))
@@ -86,7 +88,9 @@ def test_plain_dataloader_explicit_save_and_load(small):
     del it
     s2 = ResumableSampler(ds, seed=2)
     s2.load_state_dict(state)
-    dl2 = torch.utils.data.DataLoader(ds, batch_size=10, sampler=s2, num_workers=2, collate_fn=collate)
+    dl2 = torch.utils.data.DataLoader(
+        ds, batch_size=10, sampler=s2, num_workers=2, collate_fn=collate
+    )
     assert head + ids_of(dl2) == full
 
 
