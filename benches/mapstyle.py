@@ -116,6 +116,9 @@ def _access(spec: dict) -> dict:
 
         t0, c0 = time.perf_counter(), _cpu()
         table = pa.concat_tables([pq.read_table(p, columns=COLUMNS) for p in files])
+        # One chunk per column: take() on a chunked list column concatenates its chunks on
+        # every call (~1k rows/s here), which is not pyarrow at its best.
+        table = table.combine_chunks()
         extra = {"read_s": time.perf_counter() - t0, "read_cpu_s": _cpu() - c0}
 
         def get(idx: list[int]) -> Any:
@@ -156,27 +159,41 @@ def _quality(spec: dict) -> dict:
         [len(np.unique(rng.integers(0, n, batch) // chunk)) for _ in range(n // batch)]
     )
     neighbour = float(np.mean(np.abs(pos[1:] - pos[:-1])) / n)
-    return {"span": float(span), "distinct": float(distinct), "uniform_distinct": float(uniform), "neighbour": neighbour}
+    return {
+        "span": float(span),
+        "distinct": float(distinct),
+        "uniform_distinct": float(uniform),
+        "neighbour": neighbour,
+    }
 
 
 def _sampler(spec: dict) -> dict:
+    """N = 10^9, rank 3 of 8: iteration rate and ``state_dict()`` latency (untraced), then the
+    same loop under tracemalloc for the Python-heap peak; RSS growth over both."""
     import resource
 
     from shardstream import ResumableSampler
 
+    def loop(s: ResumableSampler, lat: list[float] | None) -> float:
+        it = iter(s)
+        t0 = time.perf_counter()
+        for k in range(spec["indices"]):
+            next(it)
+            if lat is not None and (k + 1) % spec["batch"] == 0:
+                t = time.perf_counter()
+                s.state_dict()
+                lat.append(time.perf_counter() - t)
+        return time.perf_counter() - t0
+
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    s = ResumableSampler(10**9, seed=1, rank=3, world_size=8)
+    rate = spec["indices"] / loop(s, None)
+    lat: list[float] = []
+    loop(ResumableSampler(10**9, seed=1, rank=3, world_size=8), lat)
     tracemalloc.start()
     s = ResumableSampler(10**9, seed=1, rank=3, world_size=8)
-    it = iter(s)
-    lat = []
-    t0 = time.perf_counter()
-    for k in range(spec["indices"]):
-        next(it)
-        if (k + 1) % spec["batch"] == 0:
-            t = time.perf_counter()
-            st = s.state_dict()
-            lat.append(time.perf_counter() - t)
-    wall = time.perf_counter() - t0
+    loop(s, [])
+    st = s.state_dict()
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -188,7 +205,7 @@ def _sampler(spec: dict) -> dict:
         "json_bytes": len(json.dumps(st)),
         "p50_us": lat[len(lat) // 2] * 1e6,
         "p99_us": lat[int(len(lat) * 0.99)] * 1e6,
-        "rate": spec["indices"] / wall,
+        "rate": rate,
     }
 
 
@@ -200,7 +217,8 @@ def _resume(spec: dict) -> dict:
     t0 = time.perf_counter()
     ds = ParquetRows(data, columns=COLUMNS, output="torch")
     s = ResumableSampler(ds, seed=1, **spec["order"])
-    state = {**s.state_dict(), "position": int(len(ds) * frac)}
+    # At least one batch left (--quick's small data).
+    state = {**s.state_dict(), "position": min(int(len(ds) * frac), len(ds) - batch)}
     if spec["loader"]:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -291,7 +309,8 @@ def bench_access(args: argparse.Namespace, data: str, results: dict) -> None:
             cpu = [_cpu_rate(r) for r in rs]
             note = ""
             if reader == "pa-take":
-                note = f"read_table first: {summary([r['read_s'] for r in rs])['median']:.1f} s"
+                read = summary([r["read_s"] for r in rs])["median"]
+                note = f"read_table + combine_chunks first: {read:.1f} s"
             if reader == "ss-cache":
                 c = rs[-1]["cache"]
                 hits = c["hits"] / max(1, c["hits"] + c["misses"])
@@ -328,7 +347,9 @@ def bench_access(args: argparse.Namespace, data: str, results: dict) -> None:
 def bench_quality(args: argparse.Namespace, data: str, results: dict) -> None:
     table = []
     for name, order in _orders(args).items():
-        r = run(dict(kind="quality", n=args.quality_rows, chunk=1024, batch=args.batch, order=order))
+        r = run(
+            dict(kind="quality", n=args.quality_rows, chunk=1024, batch=args.batch, order=order)
+        )
         results.setdefault("quality", {})[name] = r
         table.append(
             [
@@ -351,20 +372,37 @@ def bench_quality(args: argparse.Namespace, data: str, results: dict) -> None:
 
 
 def bench_sampler(args: argparse.Namespace, results: dict) -> None:
-    runs = [run(dict(kind="sampler", indices=args.sampler_indices, batch=args.batch)) for _ in range(args.runs)]
+    def us(x: float) -> str:
+        return f"{x:.1f}"
+
+    runs = [
+        run(dict(kind="sampler", indices=args.sampler_indices, batch=args.batch))
+        for _ in range(args.runs)
+    ]
     results["sampler"] = runs
     table = [
-        ["tracemalloc peak while iterating", with_spread([r["peak_bytes"] / 1024 for r in runs], lambda x: f"{x:.1f} KiB")],
+        [
+            "tracemalloc peak while iterating",
+            with_spread([r["peak_bytes"] / 1024 for r in runs], lambda x: f"{x:.1f} KiB"),
+        ],
         ["RSS growth", with_spread([r["rss_growth_mb"] for r in runs], lambda x: f"{x:.1f} MiB")],
         ["state_dict() pickled / JSON", f"{runs[0]['pickle_bytes']} B / {runs[0]['json_bytes']} B"],
-        ["state_dict() p50 / p99", f"{with_spread([r['p50_us'] for r in runs], lambda x: f'{x:.1f}')} / {with_spread([r['p99_us'] for r in runs], lambda x: f'{x:.1f}')} µs"],
-        ["iteration", with_spread([r["rate"] for r in runs], lambda x: f"{x / 1e6:.2f} M indices/s")],
+        [
+            "state_dict() p50 / p99",
+            f"{with_spread([r['p50_us'] for r in runs], us)} / "
+            f"{with_spread([r['p99_us'] for r in runs], us)} µs",
+        ],
+        [
+            "iteration",
+            with_spread([r["rate"] for r in runs], lambda x: f"{x / 1e6:.2f} M indices/s"),
+        ],
         ["load", load_range(runs)],
     ]
     print_table(
         table,
         headers=("ResumableSampler at N = 10^9, rank 3 of 8", "figure"),
-        title=f"(C) sampler: {args.sampler_indices:,} indices, state_dict() after every {args.batch}",
+        title=f"(C) sampler: {args.sampler_indices:,} indices, "
+        f"state_dict() after every {args.batch}",
     )
 
 
@@ -375,11 +413,22 @@ def bench_resume(args: argparse.Namespace, data: str, results: dict) -> None:
             per: dict[float, list[dict]] = {f: [] for f in FRACS}
             for _ in range(args.runs):
                 for f in FRACS:
-                    spec = dict(kind="resume", data=data, frac=f, batch=args.batch, order=order, loader=loader)
+                    spec = dict(
+                        kind="resume",
+                        data=data,
+                        frac=f,
+                        batch=args.batch,
+                        order=order,
+                        loader=loader,
+                    )
                     per[f].append(run(spec))
             results.setdefault("resume", {})[f"{name} loader={loader}"] = per
-            cells = [with_spread([r["first_ms"] for r in per[f]], lambda x: f"{x:.1f}") for f in FRACS]
-            ratio = [a["first_ms"] / b["first_ms"] for a, b in zip(per[0.99], per[0.01], strict=True)]
+            cells = [
+                with_spread([r["first_ms"] for r in per[f]], lambda x: f"{x:.1f}") for f in FRACS
+            ]
+            ratio = [
+                a["first_ms"] / b["first_ms"] for a, b in zip(per[0.99], per[0.01], strict=True)
+            ]
             table.append(
                 [
                     "StatefulDataLoader, 2 workers" if loader else "in process",
@@ -397,13 +446,17 @@ def bench_resume(args: argparse.Namespace, data: str, results: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--only", nargs="*", choices=ALL, default=list(ALL))
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--shards", type=int, default=4)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--batches", type=int, default=60, help="batches timed per access run")
-    p.add_argument("--blocks", nargs="*", default=["1024x16", "256x4"], help="block orders BLOCKxWINDOW")
+    p.add_argument(
+        "--blocks", nargs="*", default=["1024x16", "256x4"], help="block orders BLOCKxWINDOW"
+    )
     p.add_argument("--cache-mb", type=int, default=256)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--quality-rows", type=int, default=1_000_000)
@@ -417,7 +470,10 @@ def main(argv: list[str] | None = None) -> int:
         args.quality_rows, args.sampler_indices = 50_000, 20_000
     data = ensure_data(args.data_root, args.rows, args.shards)
     warm_cache(data)
-    print(f"# shardstream {_git_commit()}, {args.rows:,} rows in {args.shards} shards, load {benchlib.load1():.1f}")
+    print(
+        f"# shardstream {_git_commit()}, {args.rows:,} rows in {args.shards} shards, "
+        f"load {benchlib.load1():.1f}"
+    )
     results: dict[str, Any] = {"args": vars(args)}
     if "access" in args.only:
         bench_access(args, data, results)
