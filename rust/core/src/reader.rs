@@ -104,18 +104,30 @@ fn open_row_group(
     let meta = shard.reader_meta()?;
     let mask = ProjectionMask::roots(meta.parquet_schema(), roots.iter().copied());
     if let Some(obj) = &shard.object {
-        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, mask, |r, d| {
-            obj.fetch_pages(r, d)
-        });
+        return open_pushed_row_group(
+            shard,
+            meta,
+            row_group,
+            selection,
+            batch_rows,
+            mask,
+            |r, d| obj.fetch_pages(r, d),
+        );
     }
     let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
     if shard.has_offset_index {
         // Pieces are small and cut on page boundaries (prefetch.rs), so reading their pages up
         // front costs little memory, and decoding from memory was ~1.3x faster than the
         // page-at-a-time file reader in the iteration benchmark (README, "Measured figures").
-        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, mask, |r, _| {
-            read_ranges(&file, &shard.path, r)
-        });
+        return open_pushed_row_group(
+            shard,
+            meta,
+            row_group,
+            selection,
+            batch_rows,
+            mask,
+            |r, _| read_ranges(&file, &shard.path, r),
+        );
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
     ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())

@@ -393,7 +393,13 @@ impl SamplerArgs {
             MAX_SAMPLER_ROWS as i128,
             "an int in [0, 2**62]",
         )?;
-        let seed = int_in("seed", self.seed, 0, u64::MAX as i128, "an int in [0, 2**64)")?;
+        let seed = int_in(
+            "seed",
+            self.seed,
+            0,
+            u64::MAX as i128,
+            "an int in [0, 2**64)",
+        )?;
         let block = match self.block_size {
             None => None,
             Some(_) if !self.shuffle => {
@@ -404,7 +410,13 @@ impl SamplerArgs {
             Some(b) => {
                 let what = "a positive int up to 2**32 or None";
                 let b = int_in("block_size", b, 1, MAX_BLOCK as i128, what)?;
-                let w = int_in("window", self.window, 1, MAX_BLOCK as i128, "a positive int up to 2**32")?;
+                let w = int_in(
+                    "window",
+                    self.window,
+                    1,
+                    MAX_BLOCK as i128,
+                    "a positive int up to 2**32",
+                )?;
                 Some((b, w))
             }
         };
@@ -427,7 +439,15 @@ impl SamplerArgs {
             world,
             even: if world == 1 { Even::Off } else { even },
         };
-        Ok((SamplerSettings { rows, seed, shuffle: self.shuffle, block }, layout))
+        Ok((
+            SamplerSettings {
+                rows,
+                seed,
+                shuffle: self.shuffle,
+                block,
+            },
+            layout,
+        ))
     }
 }
 

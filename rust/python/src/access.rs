@@ -33,8 +33,10 @@ impl RawRows {
         threads: Option<&Bound<'_, PyAny>>,
         workers: u32,
     ) -> PyResult<Self> {
-        let bytes = self::page_cache_bytes(int("page_cache_bytes", page_cache_bytes, false)?.unwrap_or_default())
-            .map_err(|e| to_py(py, e))?;
+        let bytes = self::page_cache_bytes(
+            int("page_cache_bytes", page_cache_bytes, false)?.unwrap_or_default(),
+        )
+        .map_err(|e| to_py(py, e))?;
         let threads = match threads {
             Some(t) if !t.is_none() => {
                 let t = int("threads", t, false)?.unwrap_or_default();

@@ -60,7 +60,9 @@ impl RawSampler {
             Some(
                 even.cast::<PyString>()
                     .map_err(|_| {
-                        PyTypeError::new_err(format!("even must be 'drop', 'pad' or None, got {even}"))
+                        PyTypeError::new_err(format!(
+                            "even must be 'drop', 'pad' or None, got {even}"
+                        ))
                     })?
                     .to_str()?
                     .to_owned(),
@@ -97,7 +99,12 @@ impl RawSampler {
 
     /// Indices this rank yields in a whole epoch.
     fn epoch_len(&self) -> u64 {
-        Run::new(&self.settings, self.layout, &self.settings.start(0, Vec::new())).len()
+        Run::new(
+            &self.settings,
+            self.layout,
+            &self.settings.start(0, Vec::new()),
+        )
+        .len()
     }
 
     /// The state at the start of `epoch`, keeping the skip history of `state` (if given).
@@ -122,7 +129,11 @@ impl RawSampler {
 
     /// One state to continue from, out of the states of every rank of a checkpoint (or one):
     /// each parsed strictly and checked against these settings.
-    fn load<'py>(&self, py: Python<'py>, states: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyDict>> {
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        states: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let values = list_to_values(states)?;
         let st = detach(py, || load(&self.settings, values))?;
         state_to_py(py, &st)

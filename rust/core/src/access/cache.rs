@@ -70,7 +70,10 @@ impl PageCache {
             self.stats.bytes -= old;
         }
         while self.stats.bytes + bytes > self.capacity {
-            let (_, victim) = self.lru.pop_first().expect("bytes > 0 means pages are held");
+            let (_, victim) = self
+                .lru
+                .pop_first()
+                .expect("bytes > 0 means pages are held");
             let (_, b, _) = self.pages.remove(&victim).expect("lru and pages agree");
             self.stats.bytes -= b;
             self.stats.evictions += 1;

@@ -72,6 +72,12 @@ impl Access {
                 "index {id} (item {i} of the request) is out of range for a dataset of {n} rows"
             )));
         }
+        if ids.len() > u32::MAX as usize {
+            return Err(Error::Config(format!(
+                "{} indices in one request: at most 2**32 - 1 (request fewer at a time)",
+                ids.len()
+            )));
+        }
         let schema = self.format.schema().clone();
         if ids.is_empty() {
             return Ok(RecordBatch::new_empty(schema));
@@ -124,7 +130,10 @@ impl Access {
                 })
                 .collect();
             let col = interleave(&arrays, &indices).map_err(|e| {
-                Error::Internal(format!("gathering column {:?}: {e}", schema.field(c).name()))
+                Error::Internal(format!(
+                    "gathering column {:?}: {e}",
+                    schema.field(c).name()
+                ))
             })?;
             out.push(col);
         }
@@ -176,6 +185,9 @@ impl Access {
                 }
             }
         });
-        parts.into_iter().map(|p| p.expect("every task read")).collect()
+        parts
+            .into_iter()
+            .map(|p| p.expect("every task read"))
+            .collect()
     }
 }

@@ -41,7 +41,9 @@ impl ParquetRows {
         let units = catalog.units();
         let mut bounds: Vec<u64> = units.iter().map(|u| u.first_row).collect();
         bounds.push(catalog.total_rows());
-        let leaves = (0..catalog.shards().len()).map(|_| OnceLock::new()).collect();
+        let leaves = (0..catalog.shards().len())
+            .map(|_| OnceLock::new())
+            .collect();
         ParquetRows {
             catalog,
             units,
@@ -64,7 +66,9 @@ impl ParquetRows {
     }
 
     fn cache(&self) -> Option<&Mutex<PageCache>> {
-        self.cache.as_ref().filter(|_| self.pid == std::process::id())
+        self.cache
+            .as_ref()
+            .filter(|_| self.pid == std::process::id())
     }
 
     /// First row (within the row group) of each page of output column `c` in unit `u`.
@@ -159,7 +163,10 @@ impl ParquetRows {
             }
         }
         Ok(Located {
-            arrays: arrays.into_iter().map(|a| a.expect("read or cached")).collect(),
+            arrays: arrays
+                .into_iter()
+                .map(|a| a.expect("read or cached"))
+                .collect(),
             at,
         })
     }
@@ -185,12 +192,22 @@ impl ParquetRows {
         let total: u64 = spans.iter().map(|(a, b)| b - a).sum();
         let batch_rows = (total as usize).clamp(1, MAX_READ_BATCH_ROWS as usize);
         let s = u.shard as usize;
-        let decoded = reader::read_column(&self.catalog, s, u.row_group as usize, c, selection, batch_rows)?;
+        let decoded = reader::read_column(
+            &self.catalog,
+            s,
+            u.row_group as usize,
+            c,
+            selection,
+            batch_rows,
+        )?;
         let got: usize = decoded.iter().map(|a| a.len()).sum();
         if got as u64 != total {
             return Err(Error::shard(
                 &self.catalog.shard(s).path,
-                format!("row group {}: asked for {total} rows, read {got}", u.row_group),
+                format!(
+                    "row group {}: asked for {total} rows, read {got}",
+                    u.row_group
+                ),
             ));
         }
         if let ([one], [_]) = (decoded.as_slice(), spans.as_slice()) {
@@ -254,11 +271,18 @@ mod tests {
     use proptest::prelude::*;
 
     fn check_rows(batch: &arrow_array::RecordBatch, want: &[u64]) {
-        assert_eq!(ids(batch), want.iter().map(|&x| x as i64).collect::<Vec<_>>());
+        assert_eq!(
+            ids(batch),
+            want.iter().map(|&x| x as i64).collect::<Vec<_>>()
+        );
         let tokens = batch.column_by_name("tokens").unwrap().as_list::<i32>();
         let text = batch.column_by_name("text").unwrap().as_string::<i32>();
         for (i, &x) in want.iter().enumerate() {
-            let t: Vec<i32> = tokens.value(i).as_primitive::<Int32Type>().values().to_vec();
+            let t: Vec<i32> = tokens
+                .value(i)
+                .as_primitive::<Int32Type>()
+                .values()
+                .to_vec();
             let expect: Vec<i32> = (0..(x % 5) as i32).map(|k| x as i32 + k).collect();
             assert_eq!(t, expect, "tokens of row {x}");
             assert_eq!(text.value(i), format!("row-{x}"));
@@ -314,7 +338,10 @@ mod tests {
         let cat = open(dir.path(), None);
         let access = Access::new(Arc::new(ParquetRows::new(cat, 0)), 1);
         let e = access.take(&[3, 139]).unwrap_err().to_string();
-        assert!(e.contains("index 139 (item 1") && e.contains("139 rows"), "{e}");
+        assert!(
+            e.contains("index 139 (item 1") && e.contains("139 rows"),
+            "{e}"
+        );
         assert_eq!(access.take(&[]).unwrap().num_rows(), 0);
     }
 

@@ -28,7 +28,9 @@ pub const STREAM_VERSION: u64 = 2;
 
 /// A field that must be present even when its value is `null` (serde would default a missing
 /// `Option` to `None`; a state missing `slot` is truncated, not "not started").
-pub(crate) fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+pub(crate) fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
     Option::<T>::deserialize(d)
 }
 

@@ -84,7 +84,12 @@ fn to_value<T: Serialize>(v: &T) -> Value {
 }
 
 impl SamplerState {
-    pub fn new(settings: &SamplerSettings, epoch: u64, position: u64, skips: Vec<SamplerSkip>) -> Self {
+    pub fn new(
+        settings: &SamplerSettings,
+        epoch: u64,
+        position: u64,
+        skips: Vec<SamplerSkip>,
+    ) -> Self {
         SamplerState {
             format: SAMPLER_FORMAT.into(),
             version: SAMPLER_VERSION,
@@ -185,10 +190,26 @@ mod tests {
             ("epoch", json!(true), "state['epoch']"),
             ("version", json!(2), "version 2 is not supported"),
             ("version", json!(1.0), "version 1.0 is not supported"),
-            ("format", json!("shardstream.ParquetStream"), "not a shardstream sampler state"),
-            ("skips", json!([{"epoch": 0, "start": 9, "stop": 9}]), "state['skips'][0]"),
-            ("skips", json!([{"epoch": 0, "start": 0, "stop": 101}]), "state['skips'][0]"),
-            ("skips", json!([{"epoch": 0, "start": 0}]), "state['skips'][0]"),
+            (
+                "format",
+                json!("shardstream.ParquetStream"),
+                "not a shardstream sampler state",
+            ),
+            (
+                "skips",
+                json!([{"epoch": 0, "start": 9, "stop": 9}]),
+                "state['skips'][0]",
+            ),
+            (
+                "skips",
+                json!([{"epoch": 0, "start": 0, "stop": 101}]),
+                "state['skips'][0]",
+            ),
+            (
+                "skips",
+                json!([{"epoch": 0, "start": 0}]),
+                "state['skips'][0]",
+            ),
             ("surprise", json!(1), "surprise"),
         ];
         for (field, value, want) in cases {
@@ -208,7 +229,10 @@ mod tests {
         let mut v = good();
         v["settings"].as_object_mut().unwrap().remove("block_size");
         let e = err(v);
-        assert!(e.contains("state['settings']") && e.contains("block_size"), "{e}");
+        assert!(
+            e.contains("state['settings']") && e.contains("block_size"),
+            "{e}"
+        );
         let mut v = good();
         v.as_object_mut().unwrap().remove("skips");
         assert!(err(v).contains("skips"));
