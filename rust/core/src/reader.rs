@@ -115,6 +115,7 @@ fn open_row_group(
         );
     }
     let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+    shard.check_unchanged(&file)?;
     if shard.has_offset_index {
         // Pieces are small and cut on page boundaries (prefetch.rs), so reading their pages up
         // front costs little memory, and decoding from memory was ~1.3x faster than the
@@ -215,29 +216,51 @@ fn open_pushed_row_group(
     }
 }
 
-/// Reorder a file's projected columns into the requested order under the output schema.
-fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
-    let cols: Vec<_> = shard
-        .reorder
-        .iter()
-        .map(|&i| batch.column(i).clone())
-        .collect();
-    for (col, field) in cols.iter().zip(catalog.schema().fields()) {
-        // arrow-rs validates UTF-8 for STRING columns but not for JSON ones (also read as
-        // utf8): invalid bytes would reach Python as a broken array. Check every string column.
-        if matches!(
-            col.data_type(),
-            arrow_schema::DataType::Utf8 | arrow_schema::DataType::LargeUtf8
-        ) {
-            col.to_data().validate_values().map_err(|e| {
-                Error::shard(
-                    &shard.path,
-                    format!("column {:?}: invalid string data: {e}", field.name()),
-                )
-            })?;
-        }
+/// One decoded column as output column `field`: string data checked, cast to the output
+/// schema's type where this shard's type differs (see [`to_output`]).
+fn output_column(
+    shard: &Shard,
+    field: &arrow_schema::Field,
+    col: &arrow_array::ArrayRef,
+) -> Result<arrow_array::ArrayRef> {
+    // arrow-rs validates UTF-8 for STRING columns but not for JSON ones (also read as
+    // utf8): invalid bytes would reach Python as a broken array. Check every string column.
+    if matches!(
+        col.data_type(),
+        arrow_schema::DataType::Utf8 | arrow_schema::DataType::LargeUtf8
+    ) {
+        col.to_data().validate_values().map_err(|e| {
+            Error::shard(
+                &shard.path,
+                format!("column {:?}: invalid string data: {e}", field.name()),
+            )
+        })?;
     }
-    RecordBatch::try_new(catalog.schema().clone(), cols)
+    if col.data_type() == field.data_type() {
+        return Ok(col.clone());
+    }
+    crate::catalog::conform(col, field.data_type()).map_err(|e| {
+        Error::shard(
+            &shard.path,
+            format!(
+                "column {:?}: cannot read as {}: {e}",
+                field.name(),
+                crate::catalog::type_name(field.data_type())
+            ),
+        )
+    })
+}
+
+/// Reorder a file's projected columns into the requested order, each cast to the output
+/// schema's type where this shard's type differs (see `catalog::schema`: a `null` column, other
+/// list child names or nullability, narrower dictionary keys, another time zone name).
+fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
+    let mut cols = Vec::with_capacity(shard.reorder.len());
+    for (&i, field) in shard.reorder.iter().zip(catalog.schema().fields()) {
+        cols.push(output_column(shard, field, batch.column(i))?);
+    }
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(catalog.schema().clone(), cols, &options)
         .map_err(|e| Error::shard(&shard.path, format!("unexpected column data: {e}")))
 }
 
@@ -376,20 +399,8 @@ pub fn read_column(
         let mut out = Vec::new();
         for b in open_row_group(shard, g, selection, batch_rows, &[root])? {
             let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
-            let col = b.column(0).clone();
-            // As in to_output: arrow-rs does not check the UTF-8 of JSON columns.
-            if matches!(
-                col.data_type(),
-                arrow_schema::DataType::Utf8 | arrow_schema::DataType::LargeUtf8
-            ) {
-                col.to_data().validate_values().map_err(|e| {
-                    Error::shard(
-                        &shard.path,
-                        format!("column {:?}: invalid string data: {e}", field.name()),
-                    )
-                })?;
-            }
-            out.push(col);
+            // As to_output does for whole batches: checked and cast to the output type.
+            out.push(output_column(shard, field, b.column(0))?);
         }
         Ok(out)
     })
