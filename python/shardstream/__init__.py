@@ -13,9 +13,9 @@ from . import checkpoint, index
 from ._core import __version__
 from .checkpoint import load_latest_checkpoint, save_checkpoint
 from .dataset import ParquetStream
+from .errors import SchemaError, ShardError, ShardsChangedError, ShardstreamError, StateError
 from .mapstyle import ParquetRows, collate
 from .sampler import ResumableSampler
-from .errors import SchemaError, ShardError, ShardsChangedError, ShardstreamError, StateError
 
 __all__ = [
     "ParquetRows",
