@@ -6,10 +6,15 @@ import pyarrow as pa
 
 __all__ = [
     "DEFAULTS",
+    "SAMPLER_FORMAT",
+    "SAMPLER_VERSION",
     "STATE_FORMAT",
     "STATE_VERSION",
     "RawCatalog",
     "RawResume",
+    "RawRows",
+    "RawRun",
+    "RawSampler",
     "RawSettings",
     "RawStream",
     "__version__",
@@ -20,6 +25,8 @@ __version__: str
 DEFAULTS: dict[str, Any]
 STATE_FORMAT: str
 STATE_VERSION: int
+SAMPLER_FORMAT: str
+SAMPLER_VERSION: int
 
 _Layout = tuple[int, int, int, int]  # (rank, world_size, worker, num_workers)
 
@@ -116,3 +123,51 @@ def skip_state(
     catalog: RawCatalog, settings: RawSettings, state: Any, n: int
 ) -> dict[str, Any]: ...
 def parse_states(states: list[Any]) -> list[dict[str, Any]]: ...
+
+@final
+class RawRows:
+    def __new__(
+        cls,
+        catalog: RawCatalog,
+        page_cache_bytes: Any,
+        threads: Any | None = None,
+        workers: int = 1,
+    ) -> RawRows: ...
+    @property
+    def num_rows(self) -> int: ...
+    def take(self, ids: list[int]) -> pa.RecordBatch: ...
+    def cache_stats(self) -> dict[str, int]: ...
+
+@final
+class RawSampler:
+    def __new__(
+        cls,
+        *,
+        rows: Any,
+        seed: Any,
+        shuffle: Any,
+        block_size: Any,
+        window: Any,
+        rank: Any,
+        world_size: Any,
+        even: Any,
+    ) -> RawSampler: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    def epoch_len(self) -> int: ...
+    def start(self, epoch: int, state: Any | None = None) -> dict[str, Any]: ...
+    def load(self, states: list[Any]) -> dict[str, Any]: ...
+    def run(self, state: Any) -> RawRun: ...
+
+@final
+class RawRun:
+    def __len__(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    def indices(self, k: int, n: int) -> list[int]: ...
+    def state_dict(self, k: int) -> dict[str, Any]: ...
+    def skip(self, k: int, n: int) -> int: ...

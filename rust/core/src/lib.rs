@@ -14,9 +14,13 @@
 //! - [`stream`]: one slot's batches across epochs: input, retained batches, the stream.
 //! - [`elastic`]: continue states saved by one layout of slots in another.
 //! - [`resume`]: where a stream starts: loaded states checked once, own / merged / carried over.
+//! - [`access`]: random access (rows by id, any order) for map-style datasets; formats plug in.
+//! - [`sampler`]: the map-style sampler: a seeded permutation per epoch computed on the fly,
+//!   split across ranks, with an O(1), elastic state.
 //!
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
+pub mod access;
 pub mod catalog;
 pub mod elastic;
 pub mod error;
@@ -25,6 +29,7 @@ pub mod prefetch;
 pub mod reader;
 pub mod resume;
 pub mod rng;
+pub mod sampler;
 pub mod settings;
 pub mod shuffle;
 pub mod state;

@@ -17,6 +17,7 @@ use parquet::arrow::arrow_reader::{
     RowSelector,
 };
 use parquet::arrow::push_decoder::ParquetPushDecoderBuilder;
+use parquet::arrow::ProjectionMask;
 use parquet::DecodeResult;
 
 use crate::catalog::{Catalog, Shard};
@@ -41,7 +42,7 @@ impl SegmentReader {
         ];
         let shard = catalog.shard(seg.shard);
         let inner = shard_guard(&shard.path, || {
-            open_row_group(shard, seg.row_group, selection, batch_rows)
+            open_row_group(shard, seg.row_group, selection, batch_rows, &shard.roots)
         })?;
         Ok(SegmentReader {
             shard: seg.shard,
@@ -92,17 +93,26 @@ impl SegmentReader {
     }
 }
 
+/// `roots`: the file's root columns to decode (sorted; `shard.roots` for every output column).
 fn open_row_group(
     shard: &Shard,
     row_group: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
+    roots: &[usize],
 ) -> Result<ParquetRecordBatchReader> {
     let meta = shard.reader_meta()?;
+    let mask = ProjectionMask::roots(meta.parquet_schema(), roots.iter().copied());
     if let Some(obj) = &shard.object {
-        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, |r, d| {
-            obj.fetch_pages(r, d)
-        });
+        return open_pushed_row_group(
+            shard,
+            meta,
+            row_group,
+            selection,
+            batch_rows,
+            mask,
+            |r, d| obj.fetch_pages(r, d),
+        );
     }
     let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
     shard.check_unchanged(&file)?;
@@ -110,14 +120,20 @@ fn open_row_group(
         // Pieces are small and cut on page boundaries (prefetch.rs), so reading their pages up
         // front costs little memory, and decoding from memory was ~1.3x faster than the
         // page-at-a-time file reader in the iteration benchmark (README, "Measured figures").
-        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, |r, _| {
-            read_ranges(&file, &shard.path, r)
-        });
+        return open_pushed_row_group(
+            shard,
+            meta,
+            row_group,
+            selection,
+            batch_rows,
+            mask,
+            |r, _| read_ranges(&file, &shard.path, r),
+        );
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
     ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
         .with_row_groups(vec![row_group])
-        .with_projection(shard.mask(meta))
+        .with_projection(mask)
         .with_row_selection(RowSelection::from(selection))
         .with_batch_size(batch_rows.max(1))
         .build()
@@ -153,6 +169,7 @@ fn open_pushed_row_group(
     row_group: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
+    mask: ProjectionMask,
     mut fetch: impl FnMut(
         Vec<std::ops::Range<u64>>,
         &[std::ops::Range<u64>],
@@ -163,7 +180,7 @@ fn open_pushed_row_group(
     };
     let mut decoder = ParquetPushDecoderBuilder::new_with_metadata(meta.clone())
         .with_row_groups(vec![row_group])
-        .with_projection(shard.mask(meta))
+        .with_projection(mask)
         .with_row_selection(RowSelection::from(selection))
         .with_batch_size(batch_rows.max(1))
         .build()
@@ -199,42 +216,48 @@ fn open_pushed_row_group(
     }
 }
 
+/// One decoded column as output column `field`: string data checked, cast to the output
+/// schema's type where this shard's type differs (see [`to_output`]).
+fn output_column(
+    shard: &Shard,
+    field: &arrow_schema::Field,
+    col: &arrow_array::ArrayRef,
+) -> Result<arrow_array::ArrayRef> {
+    // arrow-rs validates UTF-8 for STRING columns but not for JSON ones (also read as
+    // utf8): invalid bytes would reach Python as a broken array. Check every string column.
+    if matches!(
+        col.data_type(),
+        arrow_schema::DataType::Utf8 | arrow_schema::DataType::LargeUtf8
+    ) {
+        col.to_data().validate_values().map_err(|e| {
+            Error::shard(
+                &shard.path,
+                format!("column {:?}: invalid string data: {e}", field.name()),
+            )
+        })?;
+    }
+    if col.data_type() == field.data_type() {
+        return Ok(col.clone());
+    }
+    crate::catalog::conform(col, field.data_type()).map_err(|e| {
+        Error::shard(
+            &shard.path,
+            format!(
+                "column {:?}: cannot read as {}: {e}",
+                field.name(),
+                crate::catalog::type_name(field.data_type())
+            ),
+        )
+    })
+}
+
 /// Reorder a file's projected columns into the requested order, each cast to the output
 /// schema's type where this shard's type differs (see `catalog::schema`: a `null` column, other
 /// list child names or nullability, narrower dictionary keys, another time zone name).
 fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
     let mut cols = Vec::with_capacity(shard.reorder.len());
     for (&i, field) in shard.reorder.iter().zip(catalog.schema().fields()) {
-        let col = batch.column(i);
-        // arrow-rs validates UTF-8 for STRING columns but not for JSON ones (also read as
-        // utf8): invalid bytes would reach Python as a broken array. Check every string column.
-        if matches!(
-            col.data_type(),
-            arrow_schema::DataType::Utf8 | arrow_schema::DataType::LargeUtf8
-        ) {
-            col.to_data().validate_values().map_err(|e| {
-                Error::shard(
-                    &shard.path,
-                    format!("column {:?}: invalid string data: {e}", field.name()),
-                )
-            })?;
-        }
-        if col.data_type() == field.data_type() {
-            cols.push(col.clone());
-        } else {
-            cols.push(
-                crate::catalog::conform(col, field.data_type()).map_err(|e| {
-                    Error::shard(
-                        &shard.path,
-                        format!(
-                            "column {:?}: cannot read as {}: {e}",
-                            field.name(),
-                            crate::catalog::type_name(field.data_type())
-                        ),
-                    )
-                })?,
-            );
-        }
+        cols.push(output_column(shard, field, batch.column(i))?);
     }
     let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
     RecordBatch::try_new_with_options(catalog.schema().clone(), cols, &options)
@@ -344,7 +367,7 @@ fn read_group_inner(
     }
     let mut out = Vec::new();
     let mut got = 0u64;
-    for b in open_row_group(shard, g, selection, batch_rows)? {
+    for b in open_row_group(shard, g, selection, batch_rows, &shard.roots)? {
         let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
         got += b.num_rows() as u64;
         out.push(to_output(catalog, shard, b)?);
@@ -356,4 +379,29 @@ fn read_group_inner(
         ));
     }
     Ok(out)
+}
+
+/// Output column `column` of rows `selection` of row group `g` of shard `s`, one array per
+/// decoded batch. Random access decodes (and caches) each column's pages on their own, since
+/// page boundaries differ between columns (`access/parquet.rs`).
+pub fn read_column(
+    catalog: &Catalog,
+    s: usize,
+    g: usize,
+    column: usize,
+    selection: Vec<RowSelector>,
+    batch_rows: usize,
+) -> Result<Vec<arrow_array::ArrayRef>> {
+    let shard = catalog.shard(s);
+    let root = shard.roots[shard.reorder[column]];
+    let field = catalog.schema().field(column);
+    shard_guard(&shard.path, || {
+        let mut out = Vec::new();
+        for b in open_row_group(shard, g, selection, batch_rows, &[root])? {
+            let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
+            // As to_output does for whole batches: checked and cast to the output type.
+            out.push(output_column(shard, field, b.column(0))?);
+        }
+        Ok(out)
+    })
 }

@@ -1,21 +1,26 @@
 //! `shardstream._core`: thin bindings over `shardstream-core`, one file per exposed class
-//! (`catalog.rs`, `settings.rs`, `resume.rs`, `stream.rs`), conversions in `convert.rs` and
+//! (`catalog.rs`, `settings.rs`, `resume.rs`, `stream.rs`; the map-style `access.rs` and
+//! `sampler.rs`), conversions in `convert.rs` and
 //! errors in `error.rs`. Behaviour belongs in the core; every call that reads, decodes or
 //! validates releases the GIL. This file only registers.
 
+mod access;
 mod catalog;
 mod convert;
 mod error;
 mod resume;
+mod sampler;
 mod settings;
 mod stream;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::access::RawRows;
 use crate::catalog::RawCatalog;
 use crate::error::detach;
 use crate::resume::{state_to_py, RawResume};
+use crate::sampler::{RawRun, RawSampler};
 use crate::settings::RawSettings;
 use crate::stream::RawStream;
 
@@ -71,6 +76,17 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawSettings>()?;
     m.add_class::<RawResume>()?;
     m.add_class::<RawStream>()?;
+    m.add(
+        "SAMPLER_FORMAT",
+        shardstream_core::state::sampler::SAMPLER_FORMAT,
+    )?;
+    m.add(
+        "SAMPLER_VERSION",
+        shardstream_core::state::sampler::SAMPLER_VERSION,
+    )?;
+    m.add_class::<RawRows>()?;
+    m.add_class::<RawSampler>()?;
+    m.add_class::<RawRun>()?;
     m.add_function(wrap_pyfunction!(skip_state, m)?)?;
     m.add_function(wrap_pyfunction!(parse_states, m)?)?;
     Ok(())

@@ -4,7 +4,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 use shardstream_core::settings::{
-    Args, DEFAULTS, MAX_READAHEAD_DEPTH, MAX_READAHEAD_THREADS, MAX_READ_BATCH_ROWS,
+    Args, DEFAULTS, MAP_DEFAULTS, MAX_READAHEAD_DEPTH, MAX_READAHEAD_THREADS, MAX_READ_BATCH_ROWS,
 };
 use shardstream_core::{Settings, Tuning};
 
@@ -19,7 +19,7 @@ pub struct RawSettings {
 
 /// A Python int as an i128; beyond that range, the nearest bound (the core reports it out of
 /// range, naming the argument). Bools are not ints here.
-fn int(name: &str, v: &Bound<'_, PyAny>, or_none: bool) -> PyResult<Option<i128>> {
+pub(crate) fn int(name: &str, v: &Bound<'_, PyAny>, or_none: bool) -> PyResult<Option<i128>> {
     if or_none && v.is_none() {
         return Ok(None);
     }
@@ -122,5 +122,8 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("max_read_batch_rows", MAX_READ_BATCH_ROWS)?;
     d.set_item("max_readahead_threads", MAX_READAHEAD_THREADS)?;
     d.set_item("max_readahead_depth", MAX_READAHEAD_DEPTH)?;
+    d.set_item("page_cache_bytes", MAP_DEFAULTS.page_cache_bytes)?;
+    d.set_item("window", MAP_DEFAULTS.window)?;
+    d.set_item("sampler_chunk", MAP_DEFAULTS.sampler_chunk)?;
     Ok(d)
 }

@@ -28,7 +28,9 @@ pub const STREAM_VERSION: u64 = 2;
 
 /// A field that must be present even when its value is `null` (serde would default a missing
 /// `Option` to `None`; a state missing `slot` is truncated, not "not started").
-fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+pub(crate) fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
     Option::<T>::deserialize(d)
 }
 
@@ -124,6 +126,8 @@ pub struct SkipRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Node {
     Stream(Box<StreamState>),
+    /// A map-style dataset's sampler (`state/sampler.rs`).
+    Sampler(Box<super::sampler::SamplerState>),
 }
 
 /// Parse one node of a saved state, dispatching on its `format`. `what` names it in errors.
@@ -136,6 +140,9 @@ pub fn parse_node(v: Value, what: &str) -> Result<Node> {
     };
     match map.get("format").and_then(Value::as_str) {
         Some(STREAM_FORMAT) => Ok(Node::Stream(Box::new(StreamState::parse(v, what)?))),
+        Some(super::sampler::SAMPLER_FORMAT) => Ok(Node::Sampler(Box::new(
+            super::sampler::SamplerState::parse(v, what)?,
+        ))),
         _ => Err(Error::State(format!(
             "not a shardstream ParquetStream state (format={})",
             py_repr(map.get("format").unwrap_or(&Value::Null))
@@ -147,6 +154,10 @@ pub fn parse_node(v: Value, what: &str) -> Result<Node> {
 pub fn parse_stream(v: Value, what: &str) -> Result<StreamState> {
     match parse_node(v, what)? {
         Node::Stream(st) => Ok(*st),
+        Node::Sampler(_) => Err(Error::State(format!(
+            "not a shardstream ParquetStream state (format='{}')",
+            super::sampler::SAMPLER_FORMAT
+        ))),
     }
 }
 
@@ -403,7 +414,7 @@ fn check_skips(records: &[SkipRecord], what: &str) -> Result<()> {
 }
 
 /// Deserialize `v` into `T`; an error names the field's path under `what`.
-fn from_value<T: DeserializeOwned>(v: Value, what: &str) -> Result<T> {
+pub(crate) fn from_value<T: DeserializeOwned>(v: Value, what: &str) -> Result<T> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let mut at = what.to_string();
         for seg in e.path().iter() {
