@@ -14,6 +14,8 @@
 //! - [`stream`]: one slot's batches across epochs: input, retained batches, the stream.
 //! - [`elastic`]: continue states saved by one layout of slots in another.
 //! - [`resume`]: where a stream starts: loaded states checked once, own / merged / carried over.
+//! - [`mix`]: a weighted mixture of named sources, one stream per source (rule, schedule,
+//!   resume, mixed stream).
 //!
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
@@ -21,6 +23,7 @@ pub mod catalog;
 pub mod elastic;
 pub mod error;
 pub mod plan;
+pub mod mix;
 pub mod prefetch;
 pub mod reader;
 pub mod resume;
