@@ -22,8 +22,8 @@
 pub mod catalog;
 pub mod elastic;
 pub mod error;
-pub mod plan;
 pub mod mix;
+pub mod plan;
 pub mod prefetch;
 pub mod reader;
 pub mod resume;

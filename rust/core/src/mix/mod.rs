@@ -319,6 +319,11 @@ fn schedule_of(names: &[&str], weights: &WeightsArg) -> Result<Schedule> {
                     "{what}: {n:?} is not a source (the sources are {names:?})"
                 )));
             }
+            if !w.is_finite() || *w < 0.0 {
+                return Err(Error::Config(format!(
+                    "{what}: the weight of {n:?} is {w}; weights must be finite and >= 0"
+                )));
+            }
             if by_name.insert(n, *w).is_some() {
                 return Err(Error::Config(format!("{what}: {n:?} is given twice")));
             }

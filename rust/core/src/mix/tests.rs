@@ -310,8 +310,8 @@ proptest! {
     }
 
     /// Over every slot of a layout, each source's rows are its plain stream's rows of that slot,
-    /// in order (cursors), and each row appears once per source-epoch that ran; every slot's
-    /// prefix holds each source within one item of its target.
+    /// in order (cursors), and each row appears once per source-epoch that ran (the prefix
+    /// bound is rule.rs's property, over the mixer alone).
     #[test]
     fn every_row_once_per_source_epoch(
         rows in proptest::collection::vec(proptest::collection::vec(1usize..25, 1..3), 1..4),
