@@ -1,6 +1,7 @@
 """shardstream: exact, millisecond resume for PyTorch training streams over Parquet shards.
 
-The public API is :class:`ParquetStream`, the exception hierarchy, the crash-safe checkpoint
+The public API is :class:`ParquetStream`, :class:`Mixture` (weighted mixtures of named
+streams), the exception hierarchy, the crash-safe checkpoint
 helpers (:mod:`shardstream.checkpoint`) and the metadata sidecar (:mod:`shardstream.index`); the
 Rust extension ``shardstream._core`` is an implementation detail.
 """
@@ -12,8 +13,10 @@ from ._core import __version__
 from .checkpoint import load_latest_checkpoint, save_checkpoint
 from .dataset import ParquetStream
 from .errors import SchemaError, ShardError, ShardsChangedError, ShardstreamError, StateError
+from .mixture import Mixture
 
 __all__ = [
+    "Mixture",
     "ParquetStream",
     "SchemaError",
     "ShardError",
