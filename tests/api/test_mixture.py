@@ -223,6 +223,44 @@ def test_elastic_ranks_every_row_once_per_source_epoch(data, old, new):
         assert sorted(ids) == sorted(data[n].ids), n
 
 
+def test_elastic_workers_every_row_once_per_source_epoch(data):
+    """2 DataLoader workers -> 3: every row of every source once in its one epoch."""
+    kw = dict(batch_size=4, even=None, on_exhausted="drop", max_epochs=1, samples=None)
+    loader = _loader(data, 2, **kw)
+    it = iter(loader)
+    seen = flat([key(next(it), True) for _ in range(7)])
+    state = torch_roundtrip(loader.state_dict())
+    del it
+    ds = mix(data, **kw)
+    ds.load_state_dict(state)  # the loader state holds both workers' (guide: Elastic resume)
+    seen += flat(keys(StatefulDataLoader(ds, batch_size=None, num_workers=3)))
+    for t, n in enumerate(["code", "math", "web"]):
+        assert sorted(i for s, i in seen if s == t) == sorted(data[n].ids), n
+
+
+def test_resize_with_new_weights_holds_them_from_the_resize(data):
+    """2 ranks -> 3 with other weights: each new rank's every prefix holds each source within
+    one item of the new target (the targets restart at the resize), and each source's rows
+    over all ranks are its own stream's, none repeated before the epoch rolls over."""
+    kw = dict(batch_size=3, even=None, samples=None, on_exhausted="cycle")
+    states = []
+    for r in range(2):
+        ds = mix(data, rank=r, world_size=2, **kw)
+        it = iter(ds)
+        for _ in range(4 + r):
+            next(it)
+        states.append(ds.state_dict())
+    w = {"code": 0.5, "math": 0.25, "web": 0.25}
+    for r in range(3):
+        ds = mix(data, rank=r, world_size=3, weights=w, **kw)
+        ds.load_state_dict(states)
+        it = iter(ds)
+        got = [s for _ in range(20) for s, _ in key(next(it), True)]
+        for t in range(1, len(got) + 1):
+            for j, n in enumerate(["code", "math", "web"]):
+                assert abs(got[:t].count(j) - t * w[n]) < 1, (r, t, n)
+
+
 # ------------------------------------------------------------------ changes on resume
 
 
