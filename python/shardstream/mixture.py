@@ -325,14 +325,17 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
 
     @property
     def sources(self) -> dict[str, ParquetStream]:
+        """The sources as given, by name (a copy of the dict; the streams themselves)."""
         return dict(self._sources)
 
     @property
     def batch_size(self) -> int | None:
+        """Rows per batch (``None``: one row at a time)."""
         return self._args["batch_size"]
 
     @property
     def drop_last(self) -> bool:
+        """Whether the mixture's short last batch is dropped."""
         return self._args["drop_last"]
 
     @property

@@ -562,3 +562,13 @@ def test_cli_state_shows_each_source(data, tmp_path, capsys):
     # --source checks ParquetStream states; a mixture's says how to check it instead.
     assert cli.main(["state", str(ckpt), "--source", data["web"].root]) == 1
     assert "load it into its Mixture" in capsys.readouterr().out
+
+
+def test_only_the_newest_iterator_owns_the_position(data):
+    ds = mix(data, batch_size=5)
+    old = iter(ds)
+    first = next(old)
+    new = iter(ds)  # continues after `first`
+    with pytest.raises(RuntimeError, match="iter\\(\\) was called again on the same Mixture"):
+        next(old)
+    assert [key(first, True)] + keys(new) == keys(mix(data, batch_size=5))
