@@ -349,6 +349,40 @@ def test_sources_added_and_removed_on_resume(data):
     )
 
 
+def test_dcp_roundtrip_two_ranks_resume_on_three(data, tmp_path):
+    """Each rank's state saved under its own key with torch.distributed.checkpoint (no process
+    group: one process) and loaded back whole: the mixture resumes on another number of ranks
+    with every row once per source-epoch."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    kw = dict(batch_size=5, even=None, on_exhausted="drop", max_epochs=1, samples=None)
+    seen, saved = [], {}
+    for r in range(2):
+        ds = mix(data, rank=r, world_size=2, **kw)
+        it = iter(ds)
+        for _ in range(3):
+            seen.extend(flat([key(next(it), True)]))
+        saved[f"shardstream/rank{r}"] = ds.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: single process"
+        dcp.save(
+            saved,
+            checkpoint_id=str(tmp_path / "dcp"),
+            planner=DefaultSavePlanner(flatten_state_dict=False),
+        )
+        template = dict.fromkeys(saved)
+        dcp.load(template, checkpoint_id=str(tmp_path / "dcp"))
+    for r in range(3):
+        ds = mix(data, rank=r, world_size=3, **kw)
+        ds.load_state_dict(list(template.values()))
+        seen.extend(flat(keys(ds)))
+    for t, n in enumerate(["code", "math", "web"]):
+        assert sorted(i for s, i in seen if s == t) == sorted(data[n].ids), n
+
+
 def test_states_of_another_mixture_are_refused(data):
     ds = mix(data, batch_size=7)
     next(iter(ds))

@@ -54,6 +54,8 @@ struct Raw {
     #[serde(deserialize_with = "required")]
     mixer: Option<MixerRecord>,
     sources: BTreeMap<String, Value>,
+    // torch.distributed.checkpoint drops empty dicts: absent reads as empty.
+    #[serde(default)]
     removed: BTreeMap<String, Vec<Value>>,
 }
 
@@ -106,7 +108,9 @@ pub struct MixerRecord {
     pub since: u64,
     #[serde(deserialize_with = "required")]
     pub left: Option<u64>,
-    /// Sources still in the mix and their deficits (units of 2**-32 items).
+    /// Sources still in the mix and their deficits (units of 2**-32 items); absent reads as
+    /// empty (torch.distributed.checkpoint drops empty dicts).
+    #[serde(default)]
     pub deficits: BTreeMap<String, i64>,
     #[serde(deserialize_with = "required")]
     pub block: Option<BlockRecord>,
