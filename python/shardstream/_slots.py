@@ -10,17 +10,14 @@ when an iterator starts (inside the DataLoader worker), never when the dataset i
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from .integrations import accelerate as _accelerate
 
-try:
-    import torch
-except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None  # type: ignore[assignment]
-
 
 def dist_rank_world() -> tuple[int, int]:
+    torch = sys.modules.get("torch")  # not imported: torch.distributed cannot be initialized
     if (
         torch is not None
         and torch.distributed.is_available()
@@ -31,6 +28,7 @@ def dist_rank_world() -> tuple[int, int]:
 
 
 def worker() -> tuple[int, int]:
+    torch = sys.modules.get("torch")  # not imported: not in a DataLoader worker
     info = torch.utils.data.get_worker_info() if torch is not None else None
     return (info.id, info.num_workers) if info is not None else (0, 1)
 

@@ -24,11 +24,11 @@ import copy
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from . import _core, _slots
+from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
 from ._iterator import StreamIterator
@@ -36,12 +36,12 @@ from .convert import OUTPUTS, Converter
 from .errors import StateError
 from .integrations import accelerate as _accelerate
 
-try:  # torch is optional at import: numpy/python/arrow output work without it.
-    import torch
+# Never imported here: numpy/python/arrow output runs without torch, and the class is registered
+# as a torch IterableDataset once torch is there (_torch.py).
+if TYPE_CHECKING:
     from torch.utils.data import IterableDataset as _Base
-except ImportError:  # pragma: no cover - exercised only without torch
-    torch = None  # type: ignore[assignment]
-    _Base = object  # type: ignore[assignment,misc]
+else:
+    _Base = object
 
 __all__ = ["ParquetStream"]
 
@@ -98,7 +98,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             1``, each reshuffled with a seed from ``(seed, epoch)``), or ``None`` for endless.
         output: ``"torch"``, ``"numpy"``, ``"python"`` or ``"arrow"``.
         list_format: batch mode with numpy/torch output, ``list<number>`` columns: ``"split"``
-            (one 1-D array/tensor per row, views), ``"offsets"`` (``(values, offsets)``),
+            (a :class:`shardstream.convert.SplitList`: a ``list`` of 1-D arrays/tensors, one per
+            row, views of one values buffer, that crosses DataLoader workers as that buffer plus
+            offsets), ``"offsets"`` (``(values, offsets)``),
             ``"padded"`` (``(padded 2-D, lengths)``, 0-padded) or ``"nested"`` (a jagged
             ``torch.nested`` tensor). Columns with null lists or values stay Python lists.
         rank, world_size: this process's place among distributed ranks; default from
@@ -167,6 +169,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         Converter(output, pa.schema([]), list_format)  # validates output/list_format early
+        _torch.register_if_loaded(ParquetStream)  # in case the import hook could not run
         self._settings_args: dict[str, Any] = dict(
             seed=seed,
             shuffle_buffer=shuffle_buffer,
@@ -455,3 +458,6 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             f"batch_size={a['batch_size']}, shuffle_buffer={a['shuffle_buffer']}, "
             f"seed={a['seed']}, epochs={a['epochs']}, output={self._output!r})"
         )
+
+
+_torch.register_as_iterable_dataset(ParquetStream)

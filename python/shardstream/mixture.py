@@ -19,11 +19,11 @@ Design decisions (the why; the what is in docs/guide.md "Mixtures" and docs/stat
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
-from . import _core, _slots
+from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawMixResume, RawMixStream, RawMixture
 from ._iterator import StreamIterator
@@ -31,10 +31,12 @@ from .convert import OUTPUTS, Converter
 from .dataset import ParquetStream
 from .errors import StateError
 
-try:  # torch is optional at import: numpy/python/arrow output work without it.
+# Never imported here (as in dataset.py): registered as a torch IterableDataset once torch is
+# there (_torch.py).
+if TYPE_CHECKING:
     from torch.utils.data import IterableDataset as _Base
-except ImportError:  # pragma: no cover - exercised only without torch
-    _Base = object  # type: ignore[assignment,misc]
+else:
+    _Base = object
 
 __all__ = ["Mixture"]
 
@@ -230,6 +232,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         combine: str = "mixed",
         source_column: str | None = "source",
     ) -> None:
+        _torch.register_if_loaded(Mixture)  # in case the import hook could not run
         if not isinstance(sources, Mapping) or not sources:
             raise TypeError("sources must be a non-empty dict {name: ParquetStream}")
         for n, s in sources.items():
@@ -449,3 +452,6 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             f"Mixture({self.source_names}, mixing={a['mixing']!r}, batch_size={a['batch_size']}, "
             f"samples={a['samples']}, output={self._output!r})"
         )
+
+
+_torch.register_as_iterable_dataset(Mixture)

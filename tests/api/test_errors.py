@@ -529,3 +529,238 @@ def test_corrupt_pages_inside_dataloader_workers(small, tmp_path, num_workers):
     ds = ParquetStream(d, output="torch", batch_size=8, shuffle_buffer=5)
     loader = DataLoader(ds, batch_size=None, num_workers=num_workers)
     expect(ShardError, lambda: list(loader), name)
+
+
+# ------------------------------------------- real-world files and mistakes (issue 13)
+
+
+def _values_by_file(files, column):
+    return [v for f in files for v in pq.read_table(f).column(column).to_pylist()]
+
+
+def _pandas_category_set(tmp_path, shards=3, cats=100):
+    pd = pytest.importorskip("pandas")
+    d = tmp_path / "cats"
+    d.mkdir()
+    files = []
+    for i in range(shards):
+        names = [f"s{i}-c{k}" for k in range(cats)]
+        codes = [(k * 7) % cats if k % 11 else -1 for k in range(200)]
+        df = pd.DataFrame(
+            {"id": range(i * 200, (i + 1) * 200), "cat": pd.Categorical.from_codes(codes, names)}
+        )
+        files.append(str(d / f"p{i}.parquet"))
+        df.to_parquet(files[-1], row_group_size=70)
+    assert pq.read_schema(files[0]).field("cat").type.index_type == pa.int8()
+    return str(d), files
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch_size=500),
+        dict(batch_size=None),
+        dict(batch_size=200, shuffle_buffer=300, seed=1),
+        dict(batch_size=None, shuffle_buffer=450, seed=2, read_batch_rows=13),
+    ],
+    ids=["concat", "rows", "gather", "gather-rows"],
+)
+def test_pandas_category_shards_read_in_every_mode(tmp_path, kw):
+    """pandas `category` columns are `dictionary<int8, string>`; three shards with 100
+    categories each overflow int8 keys when batches from several shards are concatenated or
+    gathered (was: "internal error: concat: Dictionary key bigger than the key type")."""
+    d, files = _pandas_category_set(tmp_path)
+    batched = kw["batch_size"] is not None
+    ds = ParquetStream(d, output="arrow" if batched else "python", **kw)
+    rows = []
+    for item in ds:
+        rows.extend(item.to_pylist() if batched else [item])
+    assert ds.schema.field("cat").type.index_type == pa.int32()
+    want = dict(zip(_values_by_file(files, "id"), _values_by_file(files, "cat"), strict=True))
+    got = {r["id"]: r["cat"] for r in rows}
+    assert len(rows) == len(got) == 600
+    assert got == want
+
+
+def test_pandas_category_shards_resume_through_the_shuffle_buffer(tmp_path):
+    d, files = _pandas_category_set(tmp_path)
+    # 200-row batches gathered from several shards: more distinct values than int8 keys number
+    kw = dict(output="arrow", batch_size=200, shuffle_buffer=250, seed=4)
+    ds = ParquetStream(d, **kw)
+    it = iter(ds)
+    first = [r for b in take(it, 1) for r in b.to_pylist()]
+    state = torch_roundtrip(ds.state_dict())
+    rest = [r for b in it for r in b.to_pylist()]
+    ds2 = ParquetStream(d, **kw)
+    ds2.load_state_dict(state)
+    again = [r for b in ds2 for r in b.to_pylist()]
+    assert again == rest
+    want = dict(zip(_values_by_file(files, "id"), _values_by_file(files, "cat"), strict=True))
+    assert {r["id"]: r["cat"] for r in first + rest} == want
+
+
+def test_duplicate_column_names_are_a_schema_error(tmp_path):
+    """Legal Parquet, and pyarrow writes it: refused at open naming file and column (was: a
+    schema `a: int64, a: int64` for an int and a string, then a readahead thread panic)."""
+    d = tmp_path / "dup"
+    d.mkdir()
+    t = pa.Table.from_arrays(
+        [pa.array([1, 2, 3]), pa.array(["x", "y", "z"]), pa.array([7, 8, 9])], names=["a", "a", "b"]
+    )
+    pq.write_table(t, d / "d.parquet")
+    e = expect(SchemaError, lambda: ParquetStream(str(d)), "d.parquet", '"a"', "more than once")
+    assert isinstance(e, ValueError)
+    expect(SchemaError, lambda: ParquetStream(str(d), columns=["a"]), "d.parquet", '"a"')
+    # The other column is unambiguous and reads.
+    assert [r["b"] for r in ParquetStream(str(d), columns=["b"], output="python")] == [7, 8, 9]
+
+
+def _spark_dir(tmp_path):
+    d = tmp_path / "spark"
+    (d / "_temporary" / "0" / "task_1").mkdir(parents=True)
+    t = pa.table({"id": [1, 2, 3, 4, 5]})
+    pq.write_table(t, d / "part-00000.parquet")
+    pq.write_table(t, d / "_temporary" / "0" / "task_1" / "part-00000.parquet")
+    pq.write_table(t, d / ".hidden.parquet")
+    (d / "_temporary" / "0" / "part-00001.parquet").write_bytes(b"PAR1 half written")
+    (d / "_SUCCESS").write_bytes(b"")
+    (d / ".part-00000.parquet.crc").write_bytes(b"crc")
+    return d
+
+
+def test_directory_walk_skips_hidden_and_temporary_files(tmp_path):
+    """A Spark output directory: pyarrow.dataset and Spark read 5 rows (was: 15, or an error on
+    the partial file under _temporary/)."""
+    d = _spark_dir(tmp_path)
+    assert pq.read_table(d).num_rows == 5
+    ds = ParquetStream(str(d), output="python")
+    assert ds.num_rows == 5 and [r["id"] for r in ds] == [1, 2, 3, 4, 5]
+    # Named explicitly, a hidden file is read.
+    assert ParquetStream(str(d / ".hidden.parquet")).num_rows == 5
+    # A directory of hidden files only names no data.
+    only = tmp_path / "only"
+    only.mkdir()
+    pq.write_table(pa.table({"id": [1]}), only / "_x.parquet")
+    expect(FileNotFoundError, lambda: ParquetStream(str(only)), "only", "'_'")
+
+
+def test_a_path_with_glob_characters_is_a_path(tmp_path):
+    pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "part[1].parquet")
+    assert ParquetStream(str(tmp_path / "part[1].parquet")).num_rows == 3
+
+
+def test_columns_empty_is_a_value_error_naming_the_argument(small):
+    """pyarrow returns N rows x 0 columns; a training stream of rows without data is a mistake
+    (and numpy/torch batches of no columns have no length): refused, naming the argument (was:
+    a ShardError blaming the first file)."""
+    e = expect(ValueError, lambda: ParquetStream(small.root, columns=[]), "columns=[]")
+    assert not isinstance(e, ShardError)
+
+
+def test_directory_symlink_loop_is_an_error_naming_the_link(tmp_path):
+    """Was: every shard read 41 times (pyarrow still does that)."""
+    d = tmp_path / "loop"
+    (d / "sub").mkdir(parents=True)
+    pq.write_table(pa.table({"id": [1, 2, 3]}), d / "sub" / "a.parquet")
+    os.symlink("..", d / "sub" / "up")
+    e = expect(OSError, lambda: ParquetStream(str(d)), os.path.join("sub", "up"), "contains it")
+    assert len(str(e)) < 400
+
+
+def test_file_symlink_loop_is_a_short_error_naming_the_link(tmp_path):
+    pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "a.parquet")
+    os.symlink("y.parquet", tmp_path / "x.parquet")
+    os.symlink("x.parquet", tmp_path / "y.parquet")
+    e = expect(OSError, lambda: ParquetStream(str(tmp_path)), "x.parquet", "symbolic link loop")
+    assert len(str(e)) < 400
+    os.remove(tmp_path / "x.parquet")
+    os.remove(tmp_path / "y.parquet")
+    os.symlink("gone.parquet", tmp_path / "b.parquet")
+    expect(FileNotFoundError, lambda: ParquetStream(str(tmp_path)), "b.parquet", "broken")
+
+
+@pytest.mark.parametrize("how", ["replaced", "rewritten-same-size"])
+def test_local_shard_changed_while_open_is_a_shard_error(small, tmp_path, how):
+    """Was: the stream switched to the new file's rows mid-epoch, or failed with an unrelated
+    "Invalid page header". Every open of a local shard checks size, mtime and inode."""
+    d = tmp_path / "copy"
+    shutil.copytree(small.root, d)
+    ds = ParquetStream(str(d), output="arrow", batch_size=5, read_batch_rows=5, readahead_threads=0)
+    it = iter(ds)
+    take(it, 3)  # inside the first shard
+    victim = d / sorted(os.listdir(d))[-1]
+    data = victim.read_bytes()
+    if how == "replaced":
+        other = tmp_path / "other.parquet"
+        shutil.copy(small.paths[0], other)
+        os.replace(other, victim)
+    else:
+        b = bytearray(data)
+        b[10] ^= 0xFF  # same size, other bytes (a page payload)
+        st = os.stat(victim)
+        victim.write_bytes(bytes(b))
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    expect(ShardError, lambda: list(it), victim.name, "changed while the dataset was open")
+
+
+def test_schemas_pyarrow_unifies_are_read(tmp_path):
+    """null vs string, list<item> vs list<element>, nested nullability: one unified schema
+    (was: "incompatible shards" with Rust Debug type names)."""
+    d = tmp_path / "u"
+    d.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "s": pa.nulls(2)}), d / "a.parquet")
+    pq.write_table(
+        pa.table({"id": [3], "s": ["x"]}).append_column(
+            "l", pa.array([[1, 2]], pa.list_(pa.int32()))
+        ),
+        d / "b.parquet",
+        use_compliant_nested_type=False,
+    )
+    pq.write_table(
+        pa.table({"id": [4], "s": [None]}).append_column(
+            "l", pa.array([[None]], pa.list_(pa.int32()))
+        ),
+        d / "c.parquet",
+    )
+    ds = ParquetStream(str(d), columns=["id", "s"], output="python")
+    assert ds.schema.field("s").type == pa.string()
+    assert list(ds) == [
+        {"id": 1, "s": None},
+        {"id": 2, "s": None},
+        {"id": 3, "s": "x"},
+        {"id": 4, "s": None},
+    ]
+    os.remove(d / "a.parquet")
+    ds = ParquetStream(str(d), output="python")
+    assert ds.schema.field("l").type == pa.list_(pa.field("item", pa.int32()))
+    assert [r["l"] for r in ds] == [[1, 2], [None]]
+
+
+def test_real_type_conflicts_name_types_as_pyarrow_does(tmp_path):
+    d = tmp_path / "c"
+    d.mkdir()
+    pq.write_table(pa.table({"l": pa.array([[1]], pa.list_(pa.int32()))}), d / "a.parquet")
+    pq.write_table(pa.table({"l": pa.array([[1]], pa.list_(pa.int64()))}), d / "b.parquet")
+    e = expect(
+        SchemaError,
+        lambda: ParquetStream(str(d)),
+        "list<element: int32>",
+        "list<element: int64>",
+        "a.parquet",
+        "b.parquet",
+    )
+    assert "Field {" not in str(e) and "List(" not in str(e)
+
+
+def test_wrong_page_checksums_stay_a_shard_error(tmp_path):
+    """shardstream verifies page checksums (pyarrow does not by default): a payload byte
+    flipped in a file with checksums is a ShardError naming the file, never other values."""
+    p = tmp_path / "crc.parquet"
+    pq.write_table(
+        pa.table({"id": list(range(1000))}), p, write_page_checksum=True, compression="none"
+    )
+    b = bytearray(p.read_bytes())
+    b[40] ^= 0x01  # inside the first data page's values
+    p.write_bytes(bytes(b))
+    assert pq.read_table(p).column("id").to_pylist() != list(range(1000))
+    expect(ShardError, build_and_iterate(str(p)), "crc.parquet", "CRC")

@@ -120,7 +120,7 @@ def test_install_and_cli_sections_match_the_code():
     install = readme_section("Install")
     assert "pip install shardstream" in install
     assert "make wheel && pip install dist/*.whl" in install
-    assert "cp310-abi3" in install and "3.10" in install
+    assert "cp310-abi3" in install and "3.10" in install and "manylinux2014" in install
     cli_section = doc_section(GUIDE, "Command line")
     from shardstream import cli
 

@@ -20,6 +20,7 @@ order and through a shuffle buffer. ``output="numpy"``/``"torch"`` must read eve
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pyarrow as pa
@@ -83,6 +84,32 @@ def test_corpus_is_what_it_claims(corpus_files):
         .column(0)
         .is_stats_set
     )
+    # Footers as other writers leave them (corpus.rewrite_footer).
+    md = pq.ParquetFile(corpus_files["footer-num-rows-zero"]).metadata
+    assert md.num_rows == 0 and md.row_group(0).num_rows > 0
+    md = pq.ParquetFile(corpus_files["footer-undeclared-field-type"]).metadata
+    assert md.created_by.startswith("parquet-mr version 1.12")
+    assert any(
+        md.row_group(0).column(i).dictionary_page_offset in (0, None)
+        for i in range(md.row_group(0).num_columns)
+    )
+    with open(corpus_files["footer-undeclared-field-type"], "rb") as f:
+        data = f.read()
+    fmd, _ = corpus._t_read(data, len(data) - 8 - int.from_bytes(data[-8:-4], "little"), 12)
+    field15 = [f for md_ in corpus._column_metadatas(fmd) for f in md_ if f[0] == 15]
+    assert field15 and all(f[1] == corpus.T_LIST for f in field15)
+    md = pq.ParquetFile(corpus_files["short-dictionary-chunks"]).metadata
+    assert md.created_by == "parquet-mr" and md.row_group(0).column(1).has_dictionary_page
+    md = pq.ParquetFile(corpus_files["narrow-dictionary-keys"]).metadata
+    schema = pq.read_schema(corpus_files["narrow-dictionary-keys"])
+    dicts = [f.type for f in schema if pa.types.is_dictionary(f.type)]
+    assert {t.index_type for t in dicts} >= {
+        pa.int8(),
+        pa.int16(),
+        pa.uint8(),
+        pa.uint16(),
+        pa.uint32(),
+    }
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -195,7 +222,8 @@ def test_resume_from_row_positions(corpus_files, name, mode):
 def test_numpy_and_torch_outputs_read_everything(corpus_files, name):
     """The numpy/torch conversions must cope with every type (falling back to Python values)."""
     path = corpus_files[name]
-    n = pq.ParquetFile(path).metadata.num_rows
+    md = pq.ParquetFile(path).metadata
+    n = sum(md.row_group(i).num_rows for i in range(md.num_row_groups))  # not md.num_rows: 0 once
     for output in ("numpy", "torch"):
         rows = sum(1 for _ in ParquetStream(path, output=output))
         assert rows == n
@@ -204,3 +232,118 @@ def test_numpy_and_torch_outputs_read_everything(corpus_files, name):
             for b in ParquetStream(path, output=output, batch_size=17, list_format=fmt):
                 total += len(next(iter(b.values()))) if isinstance(b, dict) else b.num_rows
             assert total == n, f"{output}/{fmt}: {total} rows"
+
+
+# ------------------------------------------------------------------- multi-shard sets
+
+SETS = corpus.set_cases()
+READ_SETS = [c.name for c in SETS if c.error is None]
+REFUSED_SETS = [c.name for c in SETS if c.error is not None]
+BY_NAME = {c.name: c for c in SETS}
+
+
+@pytest.fixture(scope="module")
+def set_dirs(tmp_path_factory) -> dict[str, tuple[str, list[str]]]:
+    root = str(tmp_path_factory.mktemp("sets"))
+    return {c.name: corpus.build_set(c, root) for c in SETS}
+
+
+def test_sets_are_what_they_claim(set_dirs):
+    """The shapes are really there: narrow keys with more values overall than the keys
+    number, a null-typed column beside a typed one, both list child names, differing zones,
+    skipped files on disk."""
+    assert len(READ_SETS) >= 8 and len(REFUSED_SETS) >= 6
+    d, files = set_dirs["pandas-category-shards"]
+    types = {pq.read_schema(f).field("cat").type for f in files}
+    assert types == {pa.dictionary(pa.int8(), pa.string())}, types
+    assert sum(len(pq.read_table(f).column("cat").chunk(0).dictionary) for f in files) > 127
+    d, files = set_dirs["null-typed-columns"]
+    assert {str(pq.read_schema(f).field("s").type) for f in files} == {"null", "string"}
+    assert pq.read_metadata(files[1]).num_rows == 0
+    d, files = set_dirs["list-item-vs-element"]
+    assert {pq.read_schema(f).field("list_int32").type.value_field.name for f in files} == {
+        "item",
+        "element",
+    }
+    d, files = set_dirs["timestamp-zone-vs-no-stored-schema"]
+    assert {pq.read_schema(f).field("ts").type.tz for f in files} == {"UTC", "Europe/Berlin"}
+    d, files = set_dirs["spark-output-directory"]
+    on_disk = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
+    assert len(on_disk) > len(files) + 5, on_disk
+
+
+def _set_rows(name: str, set_dirs, **kw) -> tuple[ParquetStream, list]:
+    d, _ = set_dirs[name]
+    ds = ParquetStream(d, output="python", **kw)
+    return ds, [canon(r) for r in ds]
+
+
+@pytest.mark.parametrize("name", READ_SETS)
+def test_set_reads_what_pyarrow_reads_file_by_file(set_dirs, name):
+    """Arrow batches (concatenated across shards) and Python rows equal pyarrow's reads of
+    the data files, in path order; hidden and temporary files are not read."""
+    d, files = set_dirs[name]
+    ds = ParquetStream(d, batch_size=64, output="arrow", readahead_threads=2, read_batch_rows=7)
+    got = pa.Table.from_batches(list(ds), schema=ds.schema)
+    want = corpus.set_reference(files, ds.schema)
+    assert ds.num_rows == got.num_rows == want.num_rows
+    for f in ds.schema:
+        a, b = _plain(got.column(f.name)), want.column(f.name).combine_chunks()
+        ga, gb = [canon(x) for x in a.to_pylist()], [canon(x) for x in b.to_pylist()]
+        assert ga == gb, f"{name}: column {f.name!r}: " + _first_diff(ga, gb)
+    _, rows = _set_rows(name, set_dirs, read_batch_rows=5)
+    assert rows == rows_of(want), f"{name}: " + _first_diff(rows, rows_of(want))
+
+
+# A wide buffer mixes rows of every shard into each batch.
+SET_SETTINGS = {**RESUME_SETTINGS, "shuffled-wide": dict(shuffle_buffer=300, seed=5)}
+
+
+@pytest.mark.parametrize("mode", list(SET_SETTINGS))
+@pytest.mark.parametrize("name", READ_SETS)
+def test_set_resume_and_shuffle(set_dirs, name, mode):
+    """Through the shuffle buffer (rows of different shards gathered into one batch) and
+    resumed at every batch boundary (the buffer re-read from the saved row ids)."""
+    kw = SET_SETTINGS[mode]
+    d, files = set_dirs[name]
+    # Batches large enough to hold more distinct dictionary values than int8 keys number.
+    bs = 200
+    ds = ParquetStream(d, output="arrow", batch_size=bs, **kw)
+    n = ds.num_rows
+    epochs = kw.get("epochs", 1)
+    states, full = {0: copy.deepcopy(ds.state_dict())}, []
+    for b in ds:
+        full.extend(rows_of(b))
+        states[len(full)] = copy.deepcopy(ds.state_dict())  # every batch boundary
+    want = rows_of(corpus.set_reference(files, ds.schema))
+    for e in range(epochs):
+        epoch = full[e * n : (e + 1) * n]
+        if kw.get("shuffle_buffer"):
+            assert sorted(map(repr, epoch)) == sorted(map(repr, want)), name
+        else:
+            assert epoch == want, f"{name}: " + _first_diff(epoch, want)
+    assert len(full) == n * epochs
+    for k, state in states.items():
+        ds2 = ParquetStream(d, output="arrow", batch_size=bs, **kw)
+        ds2.load_state_dict(state)
+        rest = [r for b in ds2 for r in rows_of(b)]
+        assert rest == full[k:], f"{name} ({mode}) after {k}: " + _first_diff(rest, full[k:])
+
+
+@pytest.mark.parametrize("name", REFUSED_SETS)
+def test_set_is_refused_clearly(set_dirs, name):
+    """Real conflicts are refused at open with the named exception, naming what is wrong
+    (types spelled as pyarrow spells them), never a panic or an internal error."""
+    case = BY_NAME[name]
+    d, _ = set_dirs[name]
+    cls, parts = case.error
+    try:
+        list(ParquetStream(d, output="python", columns=case.columns))
+    except Exception as e:  # noqa: BLE001
+        assert type(e).__name__ == cls or cls in [c.__name__ for c in type(e).__mro__], repr(e)
+        assert "internal error" not in str(e) and "PanicException" not in repr(type(e))
+        for p in parts:
+            assert p in str(e), f"{p!r} not in {e}"
+        assert len(str(e)) < 600, str(e)
+    else:
+        pytest.fail(f"{name}: read without error")

@@ -105,6 +105,7 @@ fn open_row_group(
         });
     }
     let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+    shard.check_unchanged(&file)?;
     if shard.has_offset_index {
         // Pieces are small and cut on page boundaries (prefetch.rs), so reading their pages up
         // front costs little memory, and decoding from memory was ~1.3x faster than the
@@ -198,14 +199,13 @@ fn open_pushed_row_group(
     }
 }
 
-/// Reorder a file's projected columns into the requested order under the output schema.
+/// Reorder a file's projected columns into the requested order, each cast to the output
+/// schema's type where this shard's type differs (see `catalog::schema`: a `null` column, other
+/// list child names or nullability, narrower dictionary keys, another time zone name).
 fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
-    let cols: Vec<_> = shard
-        .reorder
-        .iter()
-        .map(|&i| batch.column(i).clone())
-        .collect();
-    for (col, field) in cols.iter().zip(catalog.schema().fields()) {
+    let mut cols = Vec::with_capacity(shard.reorder.len());
+    for (&i, field) in shard.reorder.iter().zip(catalog.schema().fields()) {
+        let col = batch.column(i);
         // arrow-rs validates UTF-8 for STRING columns but not for JSON ones (also read as
         // utf8): invalid bytes would reach Python as a broken array. Check every string column.
         if matches!(
@@ -219,8 +219,25 @@ fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<Rec
                 )
             })?;
         }
+        if col.data_type() == field.data_type() {
+            cols.push(col.clone());
+        } else {
+            cols.push(
+                crate::catalog::conform(col, field.data_type()).map_err(|e| {
+                    Error::shard(
+                        &shard.path,
+                        format!(
+                            "column {:?}: cannot read as {}: {e}",
+                            field.name(),
+                            crate::catalog::type_name(field.data_type())
+                        ),
+                    )
+                })?,
+            );
+        }
     }
-    RecordBatch::try_new(catalog.schema().clone(), cols)
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(catalog.schema().clone(), cols, &options)
         .map_err(|e| Error::shard(&shard.path, format!("unexpected column data: {e}")))
 }
 

@@ -23,8 +23,7 @@ use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Even, Slot};
 use crate::settings::{Layout, Settings, StreamOptions, Tuning};
 use crate::state::envelope::{
-    parse_stream, FingerprintRecord, SettingsRecord, SkipRecord, StreamState, STREAM_FORMAT,
-    STREAM_VERSION,
+    parse_stream, FingerprintRecord, SettingsRecord, SkipRecord, StreamState,
 };
 use crate::state::SlotState;
 use crate::stream::{seek_of, Stream};
@@ -325,26 +324,33 @@ impl Resume {
         layout: Layout,
     ) -> Result<StreamState> {
         if self.loaded.is_empty() {
-            return Ok(StreamState {
-                format: STREAM_FORMAT.into(),
-                version: STREAM_VERSION,
-                fingerprint: FingerprintRecord::of(catalog.fingerprint()),
-                settings: SettingsRecord::of(settings),
-                first_epoch: self.first_epoch,
-                slot: None,
-                position: None,
-                skips: self.skips.records(),
-            });
+            return Ok(StreamState::new(
+                catalog,
+                settings,
+                self.first_epoch,
+                None,
+                self.skips.records(),
+            ));
         }
-        let mut s = Stream::resume(
+        self.stream(catalog, settings, layout)?.checkpoint(None)
+    }
+
+    /// The stream of `layout` from here, for work on coordinates (a state, a skip): default
+    /// tuning and no readahead (nothing is read unless it is iterated).
+    pub fn stream(
+        &self,
+        catalog: &Arc<Catalog>,
+        settings: &Settings,
+        layout: Layout,
+    ) -> Result<Stream> {
+        Stream::resume(
             catalog.clone(),
             settings,
             &Tuning::default(),
             layout,
             0,
             self,
-        )?;
-        s.checkpoint(None)
+        )
     }
 
     /// This resume point moved on by `n` items of `layout`'s stream (nothing read).
@@ -362,14 +368,7 @@ impl Resume {
                     .into(),
             ));
         }
-        let mut s = Stream::resume(
-            catalog.clone(),
-            settings,
-            &Tuning::default(),
-            layout,
-            0,
-            self,
-        )?;
+        let mut s = self.stream(catalog, settings, layout)?;
         s.skip_items(n, None)?;
         s.resume_point(None)
     }

@@ -413,6 +413,246 @@ def write_only_empty_group(table: pa.Table, path: str, kw: dict[str, Any]) -> No
         w.write_table(table.slice(0, 0))
 
 
+# ------------------------------------------------ footers as other writers leave them
+#
+# A minimal Thrift compact-protocol codec, to rewrite a pyarrow-written footer into the shapes
+# other writers produce (which pyarrow still reads). A struct is a list of [field id, wire type,
+# value]; a list is (element type, [values]); a map is (key type, value type, [(k, v)]).
+
+T_BOOL_TRUE, T_BOOL_FALSE, T_I8, T_I16, T_I32, T_I64 = 1, 2, 3, 4, 5, 6
+T_DOUBLE, T_BINARY, T_LIST, T_SET, T_MAP, T_STRUCT = 7, 8, 9, 10, 11, 12
+
+
+def _t_varint(b: bytes, p: int) -> tuple[int, int]:
+    out = shift = 0
+    while True:
+        x = b[p]
+        p += 1
+        out |= (x & 0x7F) << shift
+        shift += 7
+        if not x & 0x80:
+            return out, p
+
+
+def _t_zz(b: bytes, p: int) -> tuple[int, int]:
+    z, p = _t_varint(b, p)
+    return (z >> 1) ^ -(z & 1), p
+
+
+def _t_read(b: bytes, p: int, t: int) -> tuple[Any, int]:
+    if t in (T_BOOL_TRUE, T_BOOL_FALSE):
+        return t == T_BOOL_TRUE, p
+    if t == T_I8:
+        return b[p], p + 1
+    if t in (T_I16, T_I32, T_I64):
+        return _t_zz(b, p)
+    if t == T_DOUBLE:
+        return b[p : p + 8], p + 8
+    if t == T_BINARY:
+        n, p = _t_varint(b, p)
+        return b[p : p + n], p + n
+    if t in (T_LIST, T_SET):
+        h = b[p]
+        p += 1
+        n, et = h >> 4, h & 0x0F
+        if n == 15:
+            n, p = _t_varint(b, p)
+        out = []
+        for _ in range(n):
+            if et in (T_BOOL_TRUE, T_BOOL_FALSE):
+                out.append(b[p] == 1)
+                p += 1
+            else:
+                v, p = _t_read(b, p, et)
+                out.append(v)
+        return (et, out), p
+    if t == T_MAP:
+        n, p = _t_varint(b, p)
+        if not n:
+            return (0, 0, []), p
+        kv = b[p]
+        p += 1
+        items = []
+        for _ in range(n):
+            k, p = _t_read(b, p, kv >> 4)
+            v, p = _t_read(b, p, kv & 0x0F)
+            items.append((k, v))
+        return (kv >> 4, kv & 0x0F, items), p
+    if t == T_STRUCT:
+        fields: list[list[Any]] = []
+        fid = 0
+        while True:
+            h = b[p]
+            p += 1
+            if h == 0:
+                return fields, p
+            t2, d = h & 0x0F, h >> 4
+            if d:
+                fid += d
+            else:
+                fid, p = _t_zz(b, p)
+            v, p = _t_read(b, p, t2)
+            fields.append([fid, t2, v])
+    raise ValueError(f"thrift type {t}")
+
+
+def _t_uvarint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _t_zzenc(v: int) -> bytes:
+    return _t_uvarint((v << 1) ^ (v >> 63))
+
+
+def _t_write(t: int, v: Any) -> bytes:
+    if t in (T_BOOL_TRUE, T_BOOL_FALSE):
+        return b""  # in a field header; list elements are handled below
+    if t == T_I8:
+        return bytes([v])
+    if t in (T_I16, T_I32, T_I64):
+        return _t_zzenc(v)
+    if t == T_DOUBLE:
+        return bytes(v)
+    if t == T_BINARY:
+        return _t_uvarint(len(v)) + bytes(v)
+    if t in (T_LIST, T_SET):
+        et, items = v
+        head = bytes([(len(items) << 4) | et]) if len(items) < 15 else bytes([0xF0 | et])
+        if len(items) >= 15:
+            head += _t_uvarint(len(items))
+        body = b"".join(
+            bytes([1 if x else 2]) if et in (T_BOOL_TRUE, T_BOOL_FALSE) else _t_write(et, x)
+            for x in items
+        )
+        return head + body
+    if t == T_MAP:
+        kt, vt, items = v
+        if not items:
+            return b"\x00"
+        return (
+            _t_uvarint(len(items))
+            + bytes([(kt << 4) | vt])
+            + b"".join(_t_write(kt, k) + _t_write(vt, x) for k, x in items)
+        )
+    if t == T_STRUCT:
+        out = bytearray()
+        last = 0
+        for fid, t2, x in v:
+            if t2 in (T_BOOL_TRUE, T_BOOL_FALSE):
+                t2 = T_BOOL_TRUE if x else T_BOOL_FALSE
+            if 0 < fid - last <= 15:
+                out.append(((fid - last) << 4) | t2)
+            else:
+                out.append(t2)
+                out += _t_zzenc(fid)
+            out += _t_write(t2, x)
+            last = fid
+        out.append(0)
+        return bytes(out)
+    raise ValueError(f"thrift type {t}")
+
+
+def _field(fields: list, fid: int) -> list | None:
+    return next((f for f in fields if f[0] == fid), None)
+
+
+def rewrite_footer(path: str, edit: Callable[[list, bytes], None]) -> None:
+    """Parse the footer of ``path``, let ``edit(file_metadata_fields, file_bytes)`` change it in
+    place, and write the file back with the new footer (pages and page indexes, which come
+    before the footer, are untouched)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    flen = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - flen
+    fmd, end = _t_read(data, start, T_STRUCT)
+    assert end == len(data) - 8, "footer not parsed to its end"
+    edit(fmd, data)
+    footer = _t_write(T_STRUCT, fmd)
+    with open(path, "wb") as f:
+        f.write(data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+
+
+def _column_metadatas(fmd: list) -> list[list]:
+    """Every ColumnMetaData struct (FileMetaData.row_groups[*].columns[*].meta_data)."""
+    out = []
+    for rg in _field(fmd, 4)[2][1]:
+        for cc in _field(rg, 1)[2][1]:
+            md = _field(cc, 3)
+            if md is not None:
+                out.append(md[2])
+    return out
+
+
+def write_footer_num_rows_zero(table: pa.Table, path: str, kw: dict[str, Any]) -> None:
+    """FileMetaData.num_rows = 0 with full row groups (old parquet-rs and other writers)."""
+    pq.write_table(table, path, **kw)
+
+    def edit(fmd: list, _: bytes) -> None:
+        _field(fmd, 3)[2] = 0
+
+    rewrite_footer(path, edit)
+
+
+def write_undeclared_field_type(table: pa.Table, path: str, kw: dict[str, Any]) -> None:
+    """What Dremio's parquet-mr 1.12 fork writes: ColumnMetaData field 15 (``i32
+    bloom_filter_length`` in the spec) as a list of page-header structs, and
+    ``dictionary_page_offset = 0`` for chunks without a dictionary page."""
+    pq.write_table(table, path, **kw)
+
+    def edit(fmd: list, _: bytes) -> None:
+        for md in _column_metadatas(fmd):
+            page = [[1, T_I32, 0], [2, T_I32, 162], [3, T_I32, 22]]
+            md[:] = [f for f in md if f[0] != 15]
+            md.append([15, T_LIST, (T_STRUCT, [[[1, T_STRUCT, page], [2, T_I64, 22]]])])
+            if _field(md, 11) is None:
+                md.append([11, T_I64, 0])
+            md.sort(key=lambda f: f[0])
+        _field(fmd, 6)[2] = b"parquet-mr version 1.12.0-201812210311360288-a86293f"
+
+    rewrite_footer(path, edit)
+
+
+def write_short_dictionary_chunks(table: pa.Table, path: str, kw: dict[str, Any]) -> None:
+    """What parquet-mr before 1.2.9 wrote (IMPALA-694 / PARQUET-816): column chunk sizes that
+    leave out the dictionary page header. pyarrow reads it (it pads such chunks)."""
+    pq.write_table(table, path, **kw)
+
+    def edit(fmd: list, data: bytes) -> None:
+        for md in _column_metadatas(fmd):
+            dict_off = _field(md, 11)
+            if dict_off is None:
+                continue
+            header, end = _t_read(data, dict_off[2], T_STRUCT)
+            assert _field(header, 1)[2] == 2, "not a dictionary page"
+            _field(md, 7)[2] -= end - dict_off[2]
+        _field(fmd, 6)[2] = b"parquet-mr"
+
+    rewrite_footer(path, edit)
+
+
+def narrow_dictionary_table(n: int = N, seed: int = 8, categories: int = 100) -> pa.Table:
+    """Dictionary columns with every narrow key type (pandas writes ``category`` columns with
+    int8 keys), null keys, ``categories`` values each. (pyarrow cannot write a null among the
+    dictionary values.)"""
+    rng = _rng(seed)
+    cats = [f"c{seed}-{k}" for k in range(categories)]
+    idx = rng.integers(0, categories, n)
+    null = rng.random(n) < 0.1
+    cols: dict[str, pa.Array] = {"row": pa.array(range(n), pa.int64())}
+    for key in (pa.int8(), pa.int16(), pa.uint8(), pa.uint16(), pa.uint32()):
+        keys = pa.array(idx, key, mask=null)
+        cols[f"dict_{key}"] = pa.DictionaryArray.from_arrays(keys, pa.array(cats))
+    cols["dict_int8_int64_values"] = pa.DictionaryArray.from_arrays(
+        pa.array(idx % 100, pa.int8()), pa.array([seed * 1000 + k for k in range(100)])
+    )
+    return pa.table(cols)
+
+
 # Small pages and row groups everywhere, so that pages, page boundaries, row-group boundaries
 # and dictionary fallbacks all happen inside a few hundred rows.
 TINY = dict(
@@ -589,6 +829,32 @@ def cases() -> list[Case]:
     )
     out.append(Case("empty-table", lambda: scalar_table(seed=53).slice(0, 0), {}))
     out.append(Case("single-row", lambda: nested_table(1, seed=54), {}))
+    # 5. what other writers leave (pyarrow reads all of these)
+    out.append(
+        Case(
+            "footer-num-rows-zero",
+            lambda: scalar_table(seed=55),
+            dict(TINY),
+            write_footer_num_rows_zero,
+        )
+    )
+    out.append(
+        Case(
+            "footer-undeclared-field-type",
+            lambda: nested_table(seed=56),
+            {**TINY, "write_page_index": True, "use_dictionary": ["list_string", "row"]},
+            write_undeclared_field_type,
+        )
+    )
+    out.append(
+        Case(
+            "short-dictionary-chunks",
+            lambda: scalar_table(seed=57),
+            {**TINY, "use_dictionary": True},
+            write_short_dictionary_chunks,
+        )
+    )
+    out.append(Case("narrow-dictionary-keys", narrow_dictionary_table, dict(TINY)))
     return out
 
 
@@ -605,6 +871,312 @@ def write_case(case: Case, directory: str) -> str:
 
 def build_corpus(directory: str) -> dict[str, str]:
     return {c.name: write_case(c, directory) for c in cases()}
+
+
+# ------------------------------------------------------------- multi-shard sets
+#
+# What one file cannot show: shards that differ from each other (dictionaries, unifiable
+# schemas), directories with files a walk must skip, and what must be refused.
+
+
+@dataclass(frozen=True)
+class Shard:
+    rel: str  # path relative to the set's directory
+    table: pa.Table | Callable[[], pa.Table]
+    write: dict[str, Any] = field(default_factory=dict)
+    data: bool = True  # False: a file the directory walk must skip
+
+
+@dataclass(frozen=True)
+class SetCase:
+    """A directory read as one dataset. ``error``: the exception class name and substrings
+    its message must contain (``{dir}`` stands for the set's directory); otherwise the rows
+    must be those of the data shards in path order, each read by pyarrow alone."""
+
+    name: str
+    shards: Callable[[], list[Shard]]
+    extra: Callable[[str], None] | None = None  # non-Parquet files, links (gets the directory)
+    error: tuple[str, tuple[str, ...]] | None = None
+    columns: list[str] | None = None
+
+
+def _one(t: pa.Table | Callable[[], pa.Table]) -> pa.Table:
+    return t() if callable(t) else t
+
+
+def _pandas_category_shards() -> list[Shard]:
+    import pandas as pd
+
+    out = []
+    for i in range(3):
+        cats = [f"shard{i}-{k}" for k in range(100)]  # 300 categories overall, int8 keys
+        codes = [(k * 7) % 100 if k % 13 else -1 for k in range(150)]  # -1: null
+        df = pd.DataFrame(
+            {
+                "row": range(i * 150, (i + 1) * 150),
+                "cat": pd.Categorical.from_codes(codes, categories=cats),
+            }
+        )
+        out.append(Shard(f"p{i}.parquet", pa.Table.from_pandas(df, preserve_index=False)))
+    return out
+
+
+def _narrow_dictionary_shards() -> list[Shard]:
+    # Different categories per shard: 3 x 100 values overflow int8 keys once merged.
+    return [
+        Shard(f"part-{i}.parquet", lambda i=i: narrow_dictionary_table(97 + i, seed=60 + i), TINY)
+        for i in range(3)
+    ]
+
+
+def _mixed_key_width_shards() -> list[Shard]:
+    def t(i: int, key: pa.DataType) -> pa.Table:
+        cats = pa.array([f"k{i}-{j}" for j in range(120)])
+        keys = pa.array([(j * 11) % 120 for j in range(200)], key)
+        return pa.table(
+            {
+                "row": pa.array(range(i * 200, (i + 1) * 200), pa.int64()),
+                "d": pa.DictionaryArray.from_arrays(keys, cats),
+            }
+        )
+
+    return [
+        Shard("a.parquet", t(0, pa.int8()), TINY),
+        Shard("b.parquet", t(1, pa.int32()), TINY),
+        Shard("c.parquet", t(2, pa.uint8()), TINY),
+    ]
+
+
+def _null_typed_shards() -> list[Shard]:
+    empty = pa.Table.from_pylist([], schema=pa.schema([("row", pa.int64()), ("s", pa.null())]))
+    return [
+        # pyarrow types an all-null column `null`, and so an empty list of records too
+        Shard(
+            "a.parquet",
+            pa.table(
+                {
+                    "row": pa.array(range(50), pa.int64()),
+                    "s": pa.nulls(50),
+                    "l": pa.array([None] * 50, pa.list_(pa.null())),
+                    "st": pa.nulls(50),
+                }
+            ),
+        ),
+        Shard(
+            "b.parquet",
+            pa.table(
+                {
+                    "row": pa.array([], pa.int64()),
+                    "s": pa.array([], pa.null()),
+                    "l": pa.array([], pa.list_(pa.null())),
+                    "st": pa.array([], pa.null()),
+                }
+            ),
+        ),
+        Shard(
+            "c.parquet",
+            lambda: pa.table(
+                {
+                    "row": pa.array(range(50, 290), pa.int64()),
+                    "s": pa.array(_with_nulls(_strings(_rng(70), 240), _rng(71))),
+                    "l": pa.array(_lists(_rng(72), 240, lambda k: k), pa.list_(pa.int64())),
+                    "st": pa.array(
+                        [{"a": i, "b": str(i)} if i % 5 else None for i in range(240)],
+                        pa.struct([("a", pa.int32()), ("b", pa.string())]),
+                    ),
+                }
+            ),
+            TINY,
+        ),
+        Shard(
+            "d.parquet",
+            empty.append_column("l", pa.array([], pa.list_(pa.null()))).append_column(
+                "st", pa.array([], pa.null())
+            ),
+        ),
+    ]
+
+
+def _list_naming_shards() -> list[Shard]:
+    return [
+        Shard(
+            f"{i}.parquet",
+            lambda i=i: nested_table(80, seed=80 + i).drop_columns(["struct_all_null"]),
+            {**TINY, "use_compliant_nested_type": i % 2 == 1},
+        )
+        for i in range(3)
+    ]
+
+
+def _nullability_shards() -> list[Shard]:
+    req = pa.schema(
+        [
+            pa.field("row", pa.int64(), nullable=False),
+            pa.field("l", pa.list_(pa.field("item", pa.int32(), nullable=False))),
+            pa.field("st", pa.struct([pa.field("a", pa.int32(), nullable=False)])),
+        ]
+    )
+    a = pa.Table.from_pylist(
+        [{"row": i, "l": [i, i + 1][: i % 3], "st": {"a": i}} for i in range(100)], schema=req
+    )
+    opt = pa.schema(
+        [
+            pa.field("row", pa.int64()),
+            pa.field("l", pa.list_(pa.int32())),
+            pa.field("st", pa.struct([pa.field("a", pa.int32())])),
+        ]
+    )
+    b = pa.Table.from_pylist(
+        [
+            {"row": 100 + i, "l": [None, i] if i % 2 else None, "st": {"a": None if i % 3 else i}}
+            for i in range(100)
+        ],
+        schema=opt,
+    )
+    return [Shard("a.parquet", a, TINY), Shard("b.parquet", b, TINY)]
+
+
+def _timezone_shards() -> list[Shard]:
+    def t(i: int) -> pa.Table:
+        ms = pa.array([(i * 1000 + k) * 3_600_007 for k in range(120)], pa.int64())
+        return pa.table(
+            {
+                "row": pa.array(range(i * 120, (i + 1) * 120), pa.int64()),
+                "ts": ms.cast(pa.timestamp("ms", tz="Europe/Berlin")),
+                "ts_utc": ms.cast(pa.timestamp("us", tz="UTC")),
+            }
+        )
+
+    # store_schema=False: the zone is not stored, the column reads as UTC (same instants)
+    return [
+        Shard("a.parquet", t(0), {**TINY, "store_schema": False}),
+        Shard("b.parquet", t(1), TINY),
+        Shard("c.parquet", t(2), {**TINY, "store_schema": False}),
+    ]
+
+
+def _spark_output_shards() -> list[Shard]:
+    def t(i: int) -> pa.Table:
+        return scalar_table(60, seed=90 + i)
+
+    return [
+        Shard("part-00000-abc.snappy.parquet", t(0), TINY),
+        Shard("part-00001-abc.snappy.parquet", t(1), TINY),
+        Shard("year=2024/part-00002-abc.snappy.parquet", t(2), TINY),
+        Shard("_temporary/0/_temporary/attempt_1/part-00003-abc.snappy.parquet", t(3), data=False),
+        Shard("_temporary/0/task_1/part-00000-abc.snappy.parquet", t(0), data=False),
+        Shard(".hidden.parquet", t(4), data=False),
+        Shard("_metadata.parquet", t(5), data=False),
+        Shard(".spark-staging-1/part-00009.parquet", t(6), data=False),
+    ]
+
+
+def _spark_markers(d: str) -> None:
+    open(os.path.join(d, "_SUCCESS"), "w").close()
+    for f in os.listdir(d):
+        if f.startswith("part-"):
+            with open(os.path.join(d, f".{f}.crc"), "wb") as out:
+                out.write(b"crc\x00\x01")
+    with open(os.path.join(d, "_temporary", "0", "partial.parquet"), "wb") as out:
+        out.write(b"PAR1 not finished")
+
+
+def _loop_link(d: str) -> None:
+    os.symlink("..", os.path.join(d, "sub", "up"))
+
+
+def _duplicate_names() -> list[Shard]:
+    t = pa.Table.from_arrays([pa.array([1, 2, 3]), pa.array(["a", "b", "c"])], names=["a", "a"])
+    return [Shard("dup.parquet", t)]
+
+
+def set_cases() -> list[SetCase]:
+    ok = [
+        SetCase("pandas-category-shards", _pandas_category_shards),
+        SetCase("narrow-dictionary-shards", _narrow_dictionary_shards),
+        SetCase("dictionary-key-widths-differ", _mixed_key_width_shards),
+        SetCase("null-typed-columns", _null_typed_shards),
+        SetCase("list-item-vs-element", _list_naming_shards),
+        SetCase("nested-nullability-differs", _nullability_shards),
+        SetCase("timestamp-zone-vs-no-stored-schema", _timezone_shards),
+        SetCase("spark-output-directory", _spark_output_shards, _spark_markers),
+    ]
+    scalar = lambda i: scalar_table(30, seed=100 + i)  # noqa: E731
+    refused = [
+        SetCase(
+            "duplicate-column-names",
+            _duplicate_names,
+            error=("SchemaError", ("dup.parquet", '"a"', "more than once")),
+        ),
+        SetCase(
+            "int-vs-string",
+            lambda: [
+                Shard("a.parquet", pa.table({"x": pa.array([1, 2], pa.int64())})),
+                Shard("b.parquet", pa.table({"x": pa.array(["1"])})),
+            ],
+            error=("SchemaError", ("a.parquet", "b.parquet", "int64", "string")),
+        ),
+        SetCase(
+            "list-int32-vs-list-int64",
+            lambda: [
+                Shard("a.parquet", pa.table({"x": pa.array([[1]], pa.list_(pa.int32()))})),
+                Shard("b.parquet", pa.table({"x": pa.array([[1]], pa.list_(pa.int64()))})),
+            ],
+            error=("SchemaError", ("list<element: int32>", "list<element: int64>")),
+        ),
+        SetCase(
+            "timestamp-zone-vs-naive",
+            lambda: [
+                Shard("a.parquet", scalar(0).select(["ts_us_utc"]).rename_columns(["t"])),
+                Shard("b.parquet", scalar(1).select(["ts_us"]).rename_columns(["t"])),
+            ],
+            error=("SchemaError", ("timestamp[us, tz=UTC]", "timestamp[us]", "time zone")),
+        ),
+        SetCase(
+            "directory-symlink-loop",
+            lambda: [Shard("sub/a.parquet", scalar(2))],
+            _loop_link,
+            error=("OSError", ("sub/up", "contains it")),
+        ),
+        SetCase(
+            "no-columns",
+            lambda: [Shard("a.parquet", scalar(3))],
+            error=("ValueError", ("columns=[]",)),
+            columns=[],
+        ),
+    ]
+    return ok + refused
+
+
+def build_set(case: SetCase, directory: str) -> tuple[str, list[str]]:
+    """Write a set; returns its directory and its data files (absolute, in path order)."""
+    d = os.path.join(directory, case.name)
+    data = []
+    for sh in case.shards():
+        p = os.path.join(d, sh.rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        pq.write_table(_one(sh.table), p, **sh.write)
+        if sh.data:
+            data.append(p)
+    if case.extra is not None:
+        case.extra(d)
+    return d, sorted(data)
+
+
+def set_reference(files: list[str], schema: pa.Schema) -> pa.Table:
+    """The data files read one by one by pyarrow, in path order, each column in shardstream's
+    value type (a ``null`` column as nulls of it), concatenated."""
+    parts = []
+    for path in files:
+        t = pq.read_table(path)
+        cols = []
+        for f in schema:
+            want = f.type.value_type if pa.types.is_dictionary(f.type) else f.type
+            a = _plain(t.column(f.name))
+            a = pa.nulls(len(a), want) if pa.types.is_null(a.type) else a.cast(want)
+            cols.append(a)
+        parts.append(pa.Table.from_arrays(cols, names=schema.names))
+    return pa.concat_tables(parts)
 
 
 # --------------------------------------------------------------------------- comparing

@@ -69,6 +69,11 @@ BASES = [
     "required-v2",
     "int96",
     "misc-types",
+    # shapes other writers leave, and narrow dictionary keys (issue 13)
+    "footer-num-rows-zero",
+    "footer-undeclared-field-type",
+    "short-dictionary-chunks",
+    "narrow-dictionary-keys",
 ]
 # repeated entries weight the draw toward subtle, decodable corruption
 REGIONS = [

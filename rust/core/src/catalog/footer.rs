@@ -8,9 +8,10 @@ use std::sync::{Arc, OnceLock};
 
 use arrow_schema::{Schema, SchemaRef};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
-use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
 use sha2::{Digest, Sha256};
 
+use super::compat;
 use super::schema::schema_digest;
 use super::sidecar::INDEX_FILE;
 use super::sources::common_root;
@@ -81,8 +82,21 @@ pub(crate) fn read_footers(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>>
 pub(super) fn load_meta(file: &File, path: &Path) -> Result<ArrowReaderMetadata> {
     // Only the offset index is needed to skip pages on seek; the column index (statistics) is not.
     let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
-    ArrowReaderMetadata::load(file, options)
-        .map_err(|e| Error::shard(path, format!("not a readable Parquet file: {e}")))
+    let bad = |e: parquet::errors::ParquetError| {
+        Error::shard(path, format!("not a readable Parquet file: {e}"))
+    };
+    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let md = match ParquetMetaDataReader::new()
+        .with_column_index_policy(PageIndexPolicy::Skip)
+        .with_offset_index_policy(PageIndexPolicy::Optional)
+        .parse_and_finish(file)
+    {
+        Ok(md) => md,
+        // Files from other writers that Arrow C++ reads: see `compat`.
+        Err(e) => compat::parse_lenient(file, size).ok_or_else(|| bad(e))?,
+    };
+    let md = compat::fix_num_rows(compat::fix_column_chunks(md, Some((file, size)), path)?);
+    ArrowReaderMetadata::try_new(Arc::new(md), options).map_err(bad)
 }
 
 /// Resolve URL sources to objects (listing prefixes, matching globs) and read their footers,
@@ -173,21 +187,22 @@ async fn read_remote_footer(
         Ok(d)
     })?;
     let mut pushed = vec![(tail_range.clone(), tail.clone())];
-    let md = loop {
-        match shard_guard(&path, || decoder.try_decode().map_err(bad))? {
-            DecodeResult::NeedsData(ranges) => {
+    let decoded = loop {
+        match shard_guard(&path, || decoder.try_decode().map_err(bad)) {
+            Ok(DecodeResult::NeedsData(ranges)) => {
                 let data =
                     crate::store::fetch_ranges(client.clone(), obj.clone(), ranges.clone()).await?;
                 pushed.extend(ranges.iter().cloned().zip(data.iter().cloned()));
                 decoder.push_ranges(ranges, data).map_err(bad)?;
             }
-            DecodeResult::Data(md) => break md,
-            DecodeResult::Finished => {
+            Ok(DecodeResult::Data(md)) => break Ok(md),
+            Ok(DecodeResult::Finished) => {
                 return Err(Error::shard(
                     &path,
                     "the footer decoder returned no metadata",
                 ))
             }
+            Err(e) => break Err(e),
         }
     };
     // The raw footer bytes, for the digest (the same bytes a local read hashes).
@@ -198,7 +213,9 @@ async fn read_remote_footer(
     ));
     let footer = (obj.size - 8).checked_sub(len).map(|s| s..obj.size - 8);
     let Some(footer) = footer else {
-        return Err(Error::shard(&path, "footer length exceeds the file size"));
+        return Err(decoded
+            .err()
+            .unwrap_or_else(|| Error::shard(&path, "footer length exceeds the file size")));
     };
     let bytes = match pushed
         .iter()
@@ -212,7 +229,13 @@ async fn read_remote_footer(
     let digest = Sha256::digest(&bytes);
     let mut footer_digest = [0u8; 16];
     footer_digest.copy_from_slice(&digest[..16]);
+    // Files from other writers that Arrow C++ reads (see `compat`; remote: without page index).
+    let md = match decoded {
+        Ok(md) => md,
+        Err(e) => shard_guard(&path, || Ok(compat::decode_lenient(&bytes)))?.ok_or(e)?,
+    };
     let meta = shard_guard(&path, || {
+        let md = compat::fix_num_rows(compat::fix_column_chunks(md, None, &path)?);
         ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new()).map_err(bad)
     })?;
     let rel = rel_path(&path, root);
@@ -224,6 +247,12 @@ pub(crate) fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// (device, inode) of a local file.
+pub(crate) fn file_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
 }
 
 /// The relative path a shard is known by (fingerprint, sidecar).
@@ -245,6 +274,7 @@ pub(crate) fn indexed_shard(
     has_offset_index: bool,
     footer_digest: [u8; 16],
     schema_digest: [u8; 16],
+    file_id: (u64, u64),
 ) -> Shard {
     Shard {
         path,
@@ -256,6 +286,7 @@ pub(crate) fn indexed_shard(
         has_offset_index,
         footer_digest,
         mtime_ns,
+        file_id: Some(file_id),
         schema_digest,
         schema: Arc::new(Schema::empty()), // set from its schema group's representative
         meta: OnceLock::new(),
@@ -306,7 +337,7 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     let size = fs_meta.len();
     let meta = load_meta(&file, path)?;
     let footer_digest = footer_digest(&file, size).map_err(|e| Error::io(path, e))?;
-    shard_from_meta(
+    let mut shard = shard_from_meta(
         path,
         rel_path(path, root),
         size,
@@ -314,7 +345,9 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
         meta,
         footer_digest,
         None,
-    )
+    )?;
+    shard.file_id = Some(file_id(&fs_meta));
+    Ok(shard)
 }
 
 /// A shard from its parsed footer: row groups, row counts checked against the footer's total.
@@ -340,7 +373,12 @@ fn shard_from_meta(
         let byte_offset = rg
             .columns()
             .iter()
-            .map(|c| c.dictionary_page_offset().unwrap_or(c.data_page_offset()))
+            .map(|c| {
+                // (an offset inside the leading magic means "no dictionary page", see compat)
+                c.dictionary_page_offset()
+                    .filter(|&d| d >= 4)
+                    .unwrap_or(c.data_page_offset())
+            })
             .min()
             .unwrap_or(0)
             .max(0) as u64;
@@ -352,13 +390,8 @@ fn shard_from_meta(
         });
         rows += n;
     }
-    let footer_rows = md.file_metadata().num_rows();
-    if footer_rows >= 0 && footer_rows as u64 != rows {
-        return Err(Error::shard(
-            path,
-            format!("footer says {footer_rows} rows but its row groups hold {rows}"),
-        ));
-    }
+    // The footer's own total is not checked against the row groups: some writers leave it 0
+    // (old parquet-rs) or wrong, and readers (pyarrow, Spark, arrow-rs) go by the row groups.
     let has_offset_index = md.offset_index().is_some_and(|oi| !oi.is_empty());
     let schema = meta.schema().clone();
     Ok(Shard {
@@ -371,6 +404,7 @@ fn shard_from_meta(
         has_offset_index,
         footer_digest,
         mtime_ns,
+        file_id: None,
         schema_digest: schema_digest(&schema),
         schema,
         meta: OnceLock::from(meta),

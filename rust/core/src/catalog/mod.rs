@@ -11,6 +11,7 @@
 //! compatibility), [`fingerprint`] (what a saved state is checked against) and [`sidecar`] (the
 //! metadata index that opens large sets without reading footers).
 
+mod compat;
 mod fingerprint;
 mod footer;
 mod schema;
@@ -29,6 +30,7 @@ use crate::error::{shard_guard, Error, Result};
 use crate::store::{StatsSnapshot, Store};
 
 pub use fingerprint::{Fingerprint, ShardChanges};
+pub(crate) use schema::{conform, type_name};
 pub use sources::resolve_sources;
 
 /// One row group of one shard.
@@ -61,6 +63,9 @@ pub struct Shard {
     /// Modification time (ns since the epoch) when the footer was read: what the metadata
     /// sidecar is checked against (never part of the fingerprint: copies change it).
     pub mtime_ns: u64,
+    /// Device and inode of a local shard when the catalog opened it (`None` for remote ones):
+    /// with size and mtime, what every later open checks (see [`Shard::check_unchanged`]).
+    pub(crate) file_id: Option<(u64, u64)>,
     /// Digest of the file's Arrow schema: shards with equal digests share one projection.
     pub schema_digest: [u8; 16],
     /// The file's Arrow schema (from its footer, or from another shard with the same digest).
@@ -107,6 +112,37 @@ impl Shard {
         }
         let meta = shard_guard(&self.path, || footer::load_meta(&file, &self.path))?;
         Ok(self.meta.get_or_init(|| meta))
+    }
+
+    /// Fails with an error naming this local shard if `file` (just opened at its path) is not
+    /// the file the catalog read: another size, modification time or inode (a file written
+    /// elsewhere and renamed over it). Reading on would mix rows of two files in one epoch.
+    /// One `fstat` per open; the footer digest is checked only when a footer is read.
+    pub(crate) fn check_unchanged(&self, file: &std::fs::File) -> Result<()> {
+        let Some(id) = self.file_id else {
+            return Ok(());
+        };
+        let meta = file.metadata().map_err(|e| Error::io(&self.path, e))?;
+        let (size, mtime) = (meta.len(), footer::mtime_ns(&meta));
+        let now = footer::file_id(&meta);
+        if size == self.size && mtime == self.mtime_ns && now == id {
+            return Ok(());
+        }
+        let what = if size != self.size {
+            format!("its size went from {} to {size} bytes", self.size)
+        } else if now != id {
+            "it was replaced by another file".to_string()
+        } else {
+            "its modification time changed".to_string()
+        };
+        Err(Error::shard(
+            &self.path,
+            format!(
+                "the file changed while the dataset was open ({what}): its rows may no longer be \
+                 the ones this epoch is made of; restart from a state saved before the change, \
+                 or open the dataset again"
+            ),
+        ))
     }
 
     /// Projection of the requested columns for this file's footer.
@@ -169,7 +205,7 @@ impl Catalog {
             shard.first_row = first_row;
             first_row += shard.num_rows;
         }
-        let schema = schema::project(&mut shards, columns)?;
+        let schema = schema::project(&mut shards, columns, first_row)?;
         let fingerprint = fingerprint::fingerprint(&shards);
         Ok(Catalog {
             shards,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::footer::{fill_schemas, indexed_shard, mtime_ns, read_footers, rel_path};
+use super::footer::{file_id, fill_schemas, indexed_shard, mtime_ns, read_footers, rel_path};
 use super::{Catalog, RowGroupInfo, Shard};
 use crate::error::{Error, Result};
 
@@ -114,12 +114,12 @@ pub(crate) fn open_shards(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>> 
         let current = match entries.remove(&rel) {
             Some(e) => {
                 let fs = std::fs::metadata(path).map_err(|err| Error::io(path, err))?;
-                (fs.len() == e.size && mtime_ns(&fs) == e.mtime_ns).then_some(e)
+                (fs.len() == e.size && mtime_ns(&fs) == e.mtime_ns).then_some((e, file_id(&fs)))
             }
             None => None,
         };
         match current {
-            Some(e) => {
+            Some((e, id)) => {
                 let row_groups = rows_of(&e);
                 known.push(Some(indexed_shard(
                     path.clone(),
@@ -130,6 +130,7 @@ pub(crate) fn open_shards(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>> 
                     e.offset_index,
                     unhex(&e.footer, "footer digest", &sidecar)?,
                     unhex(&e.schema, "schema digest", &sidecar)?,
+                    id,
                 )));
             }
             None => {

@@ -160,6 +160,39 @@ pub fn parse_stream(v: Value, what: &str) -> Result<StreamState> {
 }
 
 impl StreamState {
+    /// The state of a stream over `catalog` with `settings` in the pass starting at
+    /// `first_epoch`: of `layout`'s slot at `position`, or (`None`) of a slot that has not read
+    /// anything.
+    pub fn new(
+        catalog: &crate::catalog::Catalog,
+        settings: &Settings,
+        first_epoch: u64,
+        at: Option<(Slot, Even, PositionRecord)>,
+        skips: Vec<SkipRecord>,
+    ) -> Self {
+        let (slot, position) = match at {
+            Some((slot, even, position)) => (
+                Some(SlotRecord {
+                    index: slot.index,
+                    count: slot.count,
+                    even: even.name().into(),
+                }),
+                Some(position),
+            ),
+            None => (None, None),
+        };
+        StreamState {
+            format: STREAM_FORMAT.into(),
+            version: STREAM_VERSION,
+            fingerprint: FingerprintRecord::of(catalog.fingerprint()),
+            settings: SettingsRecord::of(settings),
+            first_epoch,
+            slot,
+            position,
+            skips,
+        }
+    }
+
     /// Parse a stream state: format and version first (so a state of another version says so
     /// rather than listing fields), then every field strictly.
     pub fn parse(v: Value, what: &str) -> Result<StreamState> {

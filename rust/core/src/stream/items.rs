@@ -11,10 +11,7 @@ use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::resume::Resume;
 use crate::settings::{Layout, Settings, StreamOptions, Tuning, DEFAULTS};
-use crate::state::envelope::{
-    parse_stream, FingerprintRecord, PositionRecord, SettingsRecord, SlotRecord, StreamState,
-    STREAM_FORMAT, STREAM_VERSION,
-};
+use crate::state::envelope::{parse_stream, PositionRecord, StreamState};
 
 impl Stream {
     /// The stream of `layout` starting where `resume` says, with `threads` readahead threads.
@@ -128,20 +125,17 @@ impl Stream {
         let (st, text) = self.snapshot(within)?;
         let buffer = text.to_owned();
         let seek = self.seek_of(&st);
-        Ok(StreamState {
-            format: STREAM_FORMAT.into(),
-            version: STREAM_VERSION,
-            fingerprint: FingerprintRecord::of(self.catalog.fingerprint()),
-            settings: SettingsRecord::of(&self.settings),
-            first_epoch: self.opts.first_epoch,
-            slot: Some(SlotRecord {
-                index: self.slot.index,
-                count: self.slot.count,
-                even: self.opts.even.name().into(),
-            }),
-            position: Some(PositionRecord::of(&st, buffer, seek)),
-            skips: self.skips.records(),
-        })
+        Ok(StreamState::new(
+            &self.catalog,
+            &self.settings,
+            self.opts.first_epoch,
+            Some((
+                self.slot,
+                self.opts.even,
+                PositionRecord::of(&st, buffer, seek),
+            )),
+            self.skips.records(),
+        ))
     }
 
     /// Where the next stream of this dataset starts: here (`within` rows into the last chunk),
