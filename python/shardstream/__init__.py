@@ -1,8 +1,9 @@
 """shardstream: exact, millisecond resume for PyTorch training streams over Parquet shards.
 
-The public API is :class:`ParquetStream` (an iterable dataset), :class:`ParquetRows` (the
-map-style dataset over the same shards) with :class:`ResumableSampler` (its global shuffle) and
-:func:`collate`, the exception hierarchy, the crash-safe checkpoint
+The public API is :class:`ParquetStream` (an iterable dataset), :class:`Mixture` (weighted
+mixtures of named streams), :class:`ParquetRows` (the map-style dataset over the same shards)
+with :class:`ResumableSampler` (its global shuffle) and :func:`collate`, the exception
+hierarchy, the crash-safe checkpoint
 helpers (:mod:`shardstream.checkpoint`) and the metadata sidecar (:mod:`shardstream.index`); the
 Rust extension ``shardstream._core`` is an implementation detail.
 """
@@ -15,9 +16,11 @@ from .checkpoint import load_latest_checkpoint, save_checkpoint
 from .dataset import ParquetStream
 from .errors import SchemaError, ShardError, ShardsChangedError, ShardstreamError, StateError
 from .mapstyle import ParquetRows, collate
+from .mixture import Mixture
 from .sampler import ResumableSampler
 
 __all__ = [
+    "Mixture",
     "ParquetRows",
     "ParquetStream",
     "ResumableSampler",

@@ -6,11 +6,17 @@ import pyarrow as pa
 
 __all__ = [
     "DEFAULTS",
+    "MIXTURE_FORMAT",
+    "MIXTURE_VERSION",
     "SAMPLER_FORMAT",
     "SAMPLER_VERSION",
     "STATE_FORMAT",
     "STATE_VERSION",
     "RawCatalog",
+    "RawMixChunk",
+    "RawMixResume",
+    "RawMixStream",
+    "RawMixture",
     "RawResume",
     "RawRows",
     "RawRun",
@@ -27,6 +33,8 @@ STATE_FORMAT: str
 STATE_VERSION: int
 SAMPLER_FORMAT: str
 SAMPLER_VERSION: int
+MIXTURE_FORMAT: str
+MIXTURE_VERSION: int
 
 _Layout = tuple[int, int, int, int]  # (rank, world_size, worker, num_workers)
 
@@ -118,6 +126,66 @@ class RawStream:
     def skip(self, n: int, within: int | None = None) -> None: ...
     def add_replay(self, records: Any | None = None, states: list[Any] | None = None) -> None: ...
     def resume_point(self, within: int | None = None) -> RawResume: ...
+
+@final
+class RawMixture:
+    def __new__(
+        cls,
+        *,
+        sources: list[tuple[str, RawCatalog, RawSettings, str, int | None]],
+        weights: list[tuple[int, list[tuple[str, float]]]],
+        schedule: str,
+        mixing: str,
+        block: int | None,
+        seed: int,
+        batch_size: int | None,
+        drop_last: bool,
+        even: str | None,
+        samples: int | None,
+        combine: str,
+        source_column: str | None,
+    ) -> RawMixture: ...
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def schema(self) -> pa.Schema: ...
+    def source_schemas(self) -> list[pa.Schema]: ...
+    def policies(self) -> list[tuple[str, int | None]]: ...
+
+@final
+class RawMixResume:
+    @staticmethod
+    def start(mixture: RawMixture) -> RawMixResume: ...
+    @staticmethod
+    def load(
+        mixture: RawMixture,
+        states: list[Any],
+        allow_changed_shards: bool = False,
+        strict: bool = False,
+    ) -> RawMixResume: ...
+    @property
+    def at_start(self) -> bool: ...
+    def state_dict(self, mixture: RawMixture, layout: _Layout) -> dict[str, Any]: ...
+    def states(self, mixture: RawMixture) -> list[dict[str, Any]]: ...
+
+@final
+class RawMixChunk:
+    @property
+    def tags(self) -> list[int]: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def parts(self) -> list[pa.RecordBatch | None]: ...
+
+@final
+class RawMixStream:
+    def __new__(
+        cls, mixture: RawMixture, resume: RawMixResume, layout: _Layout
+    ) -> RawMixStream: ...
+    def next_item(self) -> pa.RecordBatch | RawMixChunk | None: ...
+    def state_dict(self, within: int | None = None) -> dict[str, Any]: ...
+    def resume_point(self, within: int | None = None) -> RawMixResume: ...
+    def source_stats(self) -> list[tuple[int, int, int, float, bool]]: ...
 
 def skip_state(
     catalog: RawCatalog, settings: RawSettings, state: Any, n: int

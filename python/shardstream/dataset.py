@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from . import _core, _torch
+from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
 from ._iterator import StreamIterator
@@ -77,26 +76,9 @@ def _storage_options(options: Mapping[str, str] | None) -> dict[str, str] | None
     return out
 
 
-def _dist_rank_world() -> tuple[int, int]:
-    torch = sys.modules.get("torch")  # not imported: torch.distributed cannot be initialized
-    if (
-        torch is not None
-        and torch.distributed.is_available()
-        and torch.distributed.is_initialized()
-    ):
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def _check_count(value: Any, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-
-
-def _worker() -> tuple[int, int]:
-    torch = sys.modules.get("torch")  # not imported: not in a DataLoader worker
-    info = torch.utils.data.get_worker_info() if torch is not None else None
-    return (info.id, info.num_workers) if info is not None else (0, 1)
 
 
 class ParquetStream(_Base):  # type: ignore[misc,valid-type]
@@ -201,16 +183,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             readahead_depth=readahead_depth,
         )
         self._settings = RawSettings(**self._settings_args)  # checks every number, naming it
-        if (rank is None) != (world_size is None):
-            raise ValueError("pass rank and world_size together (or neither)")
-        for name, v in (("rank", rank), ("world_size", world_size)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise TypeError(f"{name} must be an int or None, got {type(v).__name__} {v!r}")
-        if world_size is not None and rank is not None and not 0 <= rank < world_size < 2**32:
-            raise ValueError(
-                "rank must be in [0, world_size) and world_size below 2**32, got "
-                f"rank={rank} world_size={world_size}"
-            )
+        _slots.check_rank(rank, world_size)
         self._sources = _sources(source)
         self._storage_options = _storage_options(storage_options)
         if isinstance(columns, str):
@@ -271,16 +244,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- where this process sits --------------------------------------------------------------
     def _layout(self) -> tuple[int, int, int, int]:
         """``(rank, world_size, worker, num_workers)`` of an iterator made here and now."""
-        wrapped = self.__dict__.get("_wrapped") or _accelerate.wrapper(self)
-        if wrapped is not None:  # inside an accelerate loader: read all rows, or refuse
-            rank, world = wrapped.slot(self._world_size)
-        elif self._rank is not None and self._world_size is not None:
-            rank, world = self._rank, self._world_size
-        else:
-            rank, world = _dist_rank_world()
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world})")
-        return (rank, world, *_worker())
+        return _slots.layout(self, self._rank, self._world_size)
 
     def _start_point(self) -> RawResume:
         """Where a new iterator starts: after the previous one if it has started (or, once it

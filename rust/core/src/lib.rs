@@ -17,6 +17,8 @@
 //! - [`access`]: random access (rows by id, any order) for map-style datasets; formats plug in.
 //! - [`sampler`]: the map-style sampler: a seeded permutation per epoch computed on the fly,
 //!   split across ranks, with an O(1), elastic state.
+//! - [`mix`]: a weighted mixture of named sources, one stream per source (rule, schedule,
+//!   resume, mixed stream).
 //!
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
@@ -24,6 +26,7 @@ pub mod access;
 pub mod catalog;
 pub mod elastic;
 pub mod error;
+pub mod mix;
 pub mod plan;
 pub mod prefetch;
 pub mod reader;

@@ -3,8 +3,10 @@
 //! A state is a tree of stage states. Every node is a dict with its own `format` (which stage
 //! wrote it) and `version`, so a stage added later (a mixture of sources, a packer) wraps or
 //! lists the states of the stages it reads without touching their records, and each stage
-//! evolves its own version. Today there is one stage, the stream of one source
-//! (`shardstream.ParquetStream`, version 2); docs/state-format.md describes every field.
+//! evolves its own version. Two stages today: the stream of one source
+//! (`shardstream.ParquetStream`, version 2), and a mixture of named sources
+//! (`shardstream.Mixture`, version 1, `state/mixture.rs`) whose `sources` are stream states;
+//! docs/state-format.md describes every field.
 //!
 //! Parsing is strict: a missing or unknown field, a wrong type or an out-of-range number is a
 //! [`Error::State`] naming the field as a path (`state['position']['cursor']`). What the fields
@@ -15,6 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+use super::mixture::{MixtureState, MIXTURE_FORMAT};
 use super::{ids_from_base64, Seek, SlotState};
 use crate::catalog::Fingerprint;
 use crate::error::{Error, Result};
@@ -128,6 +131,7 @@ pub enum Node {
     Stream(Box<StreamState>),
     /// A map-style dataset's sampler (`state/sampler.rs`).
     Sampler(Box<super::sampler::SamplerState>),
+    Mixture(Box<MixtureState>),
 }
 
 /// Parse one node of a saved state, dispatching on its `format`. `what` names it in errors.
@@ -143,6 +147,7 @@ pub fn parse_node(v: Value, what: &str) -> Result<Node> {
         Some(super::sampler::SAMPLER_FORMAT) => Ok(Node::Sampler(Box::new(
             super::sampler::SamplerState::parse(v, what)?,
         ))),
+        Some(MIXTURE_FORMAT) => Ok(Node::Mixture(Box::new(MixtureState::parse(v, what)?))),
         _ => Err(Error::State(format!(
             "not a shardstream ParquetStream state (format={})",
             py_repr(map.get("format").unwrap_or(&Value::Null))
@@ -157,6 +162,10 @@ pub fn parse_stream(v: Value, what: &str) -> Result<StreamState> {
         Node::Sampler(_) => Err(Error::State(format!(
             "not a shardstream ParquetStream state (format='{}')",
             super::sampler::SAMPLER_FORMAT
+        ))),
+        Node::Mixture(_) => Err(Error::State(format!(
+            "{what} is a {MIXTURE_FORMAT} state, not a ParquetStream's: load it into the \
+             Mixture that saved it"
         ))),
     }
 }

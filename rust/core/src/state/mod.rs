@@ -13,6 +13,7 @@
 
 mod codec;
 pub mod envelope;
+pub mod mixture;
 pub mod sampler;
 
 pub use codec::{ids_from_base64, ids_to_base64, Base64Cache};

@@ -174,6 +174,63 @@ impl Stream {
         (self.epoch, self.emitted)
     }
 
+    /// Rows this stream can still emit before epoch `until` (and its own end), nothing read;
+    /// `u64::MAX` when that is unbounded (an endless pass with rows in every epoch).
+    pub fn rows_ahead(&self, until: Option<u64>) -> u64 {
+        let end = match (until, self.end_epoch()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if end.is_some_and(|e| self.epoch >= e) {
+            return 0;
+        }
+        let mut n = self.spec.output_len() - self.emitted;
+        let after = self.epoch + 1;
+        // Epochs with their own spec (after an elastic resume), then standard ones.
+        let special: Vec<&(u64, SlotSpec)> = self
+            .specs
+            .iter()
+            .filter(|(e, _)| *e >= after && end.is_none_or(|x| *e < x))
+            .collect();
+        n = special
+            .iter()
+            .fold(n, |n, (_, s)| n.saturating_add(s.output_len()));
+        let per = self.standard_spec().output_len();
+        match end {
+            None if per > 0 => u64::MAX,
+            None => n,
+            Some(e) => {
+                let standard = e.saturating_sub(after) - special.len() as u64;
+                n.saturating_add(per.saturating_mul(standard))
+            }
+        }
+    }
+
+    /// Rows the next `next_batch` calls return before an epoch ends: the rest of this epoch,
+    /// or at its end all of the next epoch that has rows (nothing read).
+    pub fn rows_before_epoch_end(&self) -> u64 {
+        let left = self.spec.output_len() - self.emitted;
+        if left > 0 {
+            return left;
+        }
+        // As next_batch moves on: epoch by epoch, until one has rows or none can.
+        let end = self.end_epoch();
+        let mut e = self.epoch + 1;
+        loop {
+            if end.is_some_and(|x| e >= x) {
+                return 0;
+            }
+            let n = self.spec_of(&self.specs, e).output_len();
+            if n > 0 {
+                return n;
+            }
+            if self.standard_spec().output_len() == 0 && self.specs.iter().all(|(x, _)| *x <= e) {
+                return 0;
+            }
+            e += 1;
+        }
+    }
+
     /// The position after the last emitted row.
     pub fn state(&self) -> SlotState {
         SlotState {
