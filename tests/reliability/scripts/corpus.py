@@ -424,8 +424,11 @@ T_DOUBLE, T_BINARY, T_LIST, T_SET, T_MAP, T_STRUCT = 7, 8, 9, 10, 11, 12
 
 
 def _t_varint(b: bytes, p: int) -> tuple[int, int]:
+    """A Thrift compact varint at ``p``: ``(value, next p)``; ``ValueError`` if cut short."""
     out = shift = 0
     while True:
+        if p >= len(b) or shift > 70:
+            raise ValueError("truncated varint")
         x = b[p]
         p += 1
         out |= (x & 0x7F) << shift

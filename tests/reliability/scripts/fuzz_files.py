@@ -48,6 +48,8 @@ import sys
 import time
 from typing import Any
 
+from corpus import _t_varint
+
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BASES = [
@@ -102,17 +104,7 @@ FILE_NAME = "fuzzcase.parquet"
 # ------------------------------------------------------------------------ thrift / layout
 
 
-def _varint(b: bytes, p: int) -> tuple[int, int]:
-    shift = out = 0
-    while True:
-        if p >= len(b) or shift > 70:
-            raise ValueError("truncated varint")
-        x = b[p]
-        p += 1
-        out |= (x & 0x7F) << shift
-        shift += 7
-        if not x & 0x80:
-            return out, p
+_varint = _t_varint  # the corpus's Thrift varint reader (bounds-checked)
 
 
 def _skip(b: bytes, p: int, t: int) -> int:
