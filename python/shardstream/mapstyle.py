@@ -144,7 +144,10 @@ class ParquetRows:
         ([{'id': 5}, {'id': 0}], {'id': [5, 0]})
     """
 
-    collate = staticmethod(collate)
+    @staticmethod
+    def collate(batch: Any) -> Any:
+        """The module's :func:`collate` (``collate_fn=ParquetRows.collate``)."""
+        return collate(batch)
 
     def __init__(
         self,
