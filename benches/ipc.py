@@ -30,7 +30,7 @@ import pyarrow.dataset as pads
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import load1, write_json  # noqa: E402
 from shardstream import ParquetStream  # noqa: E402
-from shardstream.cli.bench import timed_passes, time_resume  # noqa: E402
+from shardstream.cli.bench import time_resume, timed_passes  # noqa: E402
 
 TOKENS = 256
 
