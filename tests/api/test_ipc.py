@@ -161,6 +161,17 @@ def test_ranks_split_every_row_once(plain_file_set):
     assert sorted(got) == list(range(sum(map(sum, LAYOUT))))
 
 
+def test_map_style_rows_by_index(ipc_set):
+    """ParquetRows (random access) over IPC shards: any rows, any order, pyarrow's values."""
+    from shardstream import ParquetRows
+
+    root, paths = ipc_set
+    want = pyarrow_rows(paths)
+    ds = ParquetRows(str(root), output="arrow")
+    idx = [len(want) - 1, 0, 17, 3, 40, 17]
+    assert ds.arrow(idx).to_pylist() == [want[i] for i in idx]
+
+
 def test_format_is_found_by_magic_not_extension(tmp_path):
     a = write_set(tmp_path / "a", "stream", ext="bin")
     b = write_set(tmp_path / "b", "file", ext="data")
@@ -362,3 +373,18 @@ def test_load_dataset_cache_dir_of_one_split(tmp_path):
     assert arrows and all("train" in p for p in arrows)
     got = [r["id"] for r in ParquetStream(cache, output="python")]
     assert got == [r["id"] for r in ds]
+
+
+def test_inspect_describes_ipc_shards(plain_file_set, capsys):
+    import json
+
+    from shardstream.cli import main
+
+    root, paths = plain_file_set
+    assert main(["inspect", str(root), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [s["format"] for s in info["shards"]] == ["ipc-file"] * len(paths)
+    assert [[rg["rows"] for rg in s["row_groups"]] for s in info["shards"]] == LAYOUT
+    r = info["resume"]
+    assert r["verdict"] == "fast" and r["shards_without_page_index"] == []
+    assert any("Arrow IPC" in a and "20 rows" in a for a in r["advice"]), r["advice"]

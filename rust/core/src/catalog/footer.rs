@@ -215,6 +215,13 @@ pub(crate) async fn remote_meta(
     let tail = crate::store::fetch_ranges(client.clone(), obj.clone(), vec![tail_range.clone()])
         .await?
         .remove(0);
+    if tail.ends_with(b"ARROW1") {
+        return Err(Error::shard(
+            &path,
+            "an Arrow IPC file: IPC shards are read from local paths only for now (Parquet \
+             from object stores)",
+        ));
+    }
     let bad = |e: parquet::errors::ParquetError| {
         Error::shard(&path, format!("not a readable Parquet file: {e}"))
     };
