@@ -300,7 +300,8 @@ def test_sidecar_indexes_streams_and_gives_the_same_stream(tmp_path):
 
 
 def _hf_dataset(n: int):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     return datasets.Dataset.from_dict(
         {
             "id": list(range(n)),
@@ -358,7 +359,8 @@ def test_save_to_disk_dir_resumes_exactly(hf_dir, settings):
 
 def test_load_dataset_cache_dir_of_one_split(tmp_path):
     """A `load_dataset` cache: `<name>-train-0000x-of-0000n.arrow` files and dataset_info.json."""
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     datasets.disable_progress_bars()
     src = tmp_path / "src"
     src.mkdir()
