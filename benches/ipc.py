@@ -116,7 +116,8 @@ def main() -> int:
     res: dict = {"load1_start": load1()}
     files = ipc_files(args.dir, args.rows, args.shards)
     hf = hf_dir(args.dir, args.rows, args.shards)
-    sizes = [1024, 8192, 65536]
+    # 1000: the record batch size of the files (then a batch is a zero-copy slice)
+    sizes = [1000, 1024, 8192, 65536]
     t = args.seconds
 
     # 1. IPC files, batches
