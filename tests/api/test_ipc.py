@@ -390,3 +390,19 @@ def test_inspect_describes_ipc_shards(plain_file_set, capsys):
     r = info["resume"]
     assert r["verdict"] == "fast" and r["shards_without_page_index"] == []
     assert any("Arrow IPC" in a and "20 rows" in a for a in r["advice"]), r["advice"]
+
+
+def test_bad_state_json_is_a_clear_error(tmp_path):
+    import json
+
+    _hf_dataset(50).save_to_disk(str(tmp_path), num_shards=2)
+    good = json.loads((tmp_path / "state.json").read_text())
+    (tmp_path / "state.json").write_text(
+        json.dumps({**good, "_indices_data_files": [{"filename": "indices.arrow"}]})
+    )
+    with pytest.raises(ValueError, match=r"state\.json.*flatten_indices"):
+        ParquetStream(str(tmp_path))
+    missing = {**good, "_data_files": [*good["_data_files"], {"filename": "data-9.arrow"}]}
+    (tmp_path / "state.json").write_text(json.dumps(missing))
+    with pytest.raises(FileNotFoundError, match=r"data-9\.arrow"):
+        ParquetStream(str(tmp_path))
