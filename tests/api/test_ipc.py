@@ -272,6 +272,9 @@ def test_replacement_and_delta_dictionaries_mid_stream(tmp_path, deltas):
             w.write_batch(b)
     want = [r for b in batches for r in b.to_pylist()]
     assert list(ParquetStream(str(path), output="python")) == want
+    # the pickled catalog (what spawned workers get) carries the dictionary index too
+    ds = ParquetStream(str(path), output="python")
+    assert list(pickle.loads(pickle.dumps(ds))) == want
     check_resume(str(path), dict(output="python", shuffle_buffer=4, seed=1), n_random=2)
 
 
