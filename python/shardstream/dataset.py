@@ -82,12 +82,15 @@ def _check_count(value: Any, name: str) -> None:
 
 
 class ParquetStream(_Base):  # type: ignore[misc,valid-type]
-    """An exactly resumable stream of rows or batches from Parquet shards.
+    """An exactly resumable stream of rows or batches from Parquet or Arrow IPC shards.
 
     Args:
-        source: a file, a directory (every ``*.parquet`` below it), a glob, an object-store URL
-            (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``), or a list of these (all
-            local paths or all URLs). Shards are read in sorted path order.
+        source: a file, a directory (every ``*.parquet``, ``*.arrow``, ``*.feather``,
+            ``*.arrows`` and ``*.ipc`` below it; each file's format is told by its magic bytes),
+            an HF ``datasets`` ``save_to_disk`` directory (its ``state.json`` files, in that
+            order), a glob, an object-store URL (``s3://``, ``gs://``, ``az://``, ``https://``,
+            ``file://``), or a list of these (all local paths or all URLs). Shards are read in
+            sorted path order.
         columns: columns to read (in this order); ``None`` reads all.
         batch_size: ``None`` yields one row at a time as ``dict[column, value]``; an int yields
             batches of that many rows (the last of each epoch short unless ``drop_last``).

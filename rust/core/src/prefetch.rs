@@ -57,7 +57,7 @@ impl Iterator for Pieces {
         self.segments.next_with(|shard, row_group, start, cap| {
             let shard = catalog.shard(shard);
             shard
-                .has_offset_index
+                .has_offset_index()
                 .then(|| page_aligned(shard, row_group, start, cap).unwrap_or(cap))
         })
     }

@@ -141,7 +141,8 @@ impl RawCatalog {
         Ok(path.display().to_string())
     }
 
-    /// Per-shard metadata: path, size, rows, page index, row groups `(rows, byte_offset, bytes)`.
+    /// Per-shard metadata: path, size, rows, page index, format (`parquet`, `ipc-file`,
+    /// `ipc-stream`), row groups (IPC: record batches) `(rows, byte_offset, bytes)`.
     fn shards_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
         for s in self.inner.shards() {
@@ -150,7 +151,13 @@ impl RawCatalog {
             d.set_item("rel_path", &s.rel_path)?;
             d.set_item("size", s.size)?;
             d.set_item("rows", s.num_rows)?;
-            d.set_item("has_offset_index", s.has_offset_index)?;
+            d.set_item("has_offset_index", s.has_offset_index())?;
+            let format = match s.ipc() {
+                None => "parquet",
+                Some(i) if i.stream => "ipc-stream",
+                Some(_) => "ipc-file",
+            };
+            d.set_item("format", format)?;
             let rgs: Vec<(u64, u64, u64)> = s
                 .row_groups
                 .iter()

@@ -74,7 +74,7 @@ impl ParquetRows {
     /// First row (within the row group) of each page of output column `c` in unit `u`.
     fn page_starts(&self, u: &Unit, c: usize) -> Result<Vec<u64>> {
         let shard = self.catalog.shard(u.shard as usize);
-        if !shard.has_offset_index {
+        if !shard.has_offset_index() {
             return Ok(vec![0]);
         }
         let meta = shard.reader_meta()?;

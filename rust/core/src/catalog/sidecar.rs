@@ -27,8 +27,9 @@ use super::footer::{
     file_id, fill_schemas, indexed_shard, mtime_ns, read_footers, read_remote_footers, rel_path,
     RemoteSet,
 };
+use super::ipc::{DictMsg, IpcIndex, Msg};
 use super::schema::schema_digest;
-use super::{Catalog, RowGroupInfo, Shard};
+use super::{Catalog, Format, RowGroupInfo, Shard};
 use crate::error::{Error, Result};
 use crate::store::{Object, Store};
 
@@ -68,8 +69,125 @@ struct Entry {
     /// `[rows, byte_offset, compressed_bytes]` per row group.
     row_groups: Vec<[u64; 3]>,
     offset_index: bool,
+    /// Arrow IPC shards: the batch index (absent for Parquet, so Parquet entries are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ipc: Option<IpcEntry>,
     footer: String,
     schema: String,
+}
+
+/// An IPC shard's batch index: what opening it would otherwise read from every message header.
+#[derive(Serialize, Deserialize)]
+struct IpcEntry {
+    stream: bool,
+    version: i16,
+    /// `[offset, metadata bytes, body bytes]` per record batch (rows are in `row_groups`).
+    batches: Vec<[u64; 3]>,
+    /// `[offset, metadata bytes, body bytes, dictionary id, delta (0/1)]` per dictionary message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    dicts: Vec<[i64; 5]>,
+    /// Dictionary messages before each batch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    dicts_before: Vec<u32>,
+}
+
+impl IpcEntry {
+    fn of(i: &IpcIndex) -> Self {
+        IpcEntry {
+            stream: i.stream,
+            version: i.version,
+            batches: i
+                .batches
+                .iter()
+                .map(|m| [m.offset, u64::from(m.meta_len), m.body_len])
+                .collect(),
+            dicts: i
+                .dicts
+                .iter()
+                .map(|d| {
+                    [
+                        d.msg.offset as i64,
+                        i64::from(d.msg.meta_len),
+                        d.msg.body_len as i64,
+                        d.id,
+                        i64::from(d.delta),
+                    ]
+                })
+                .collect(),
+            dicts_before: if i.dicts.is_empty() {
+                Vec::new()
+            } else {
+                i.dicts_before.clone()
+            },
+        }
+    }
+
+    fn index(&self, rows: usize, file: &str) -> Result<IpcIndex> {
+        let bad = |what: &str| {
+            Error::Config(format!(
+                "{file}: bad Arrow IPC entry ({what}): rerun `shardstream index` or delete the file"
+            ))
+        };
+        let msg = |o: u64, m: u64, b: u64| -> Result<Msg> {
+            let meta_len = u32::try_from(m).map_err(|_| bad("metadata length"))?;
+            o.checked_add(m)
+                .and_then(|e| e.checked_add(b))
+                .ok_or_else(|| bad("block end"))?;
+            Ok(Msg {
+                offset: o,
+                meta_len,
+                body_len: b,
+            })
+        };
+        let batches = self
+            .batches
+            .iter()
+            .map(|&[o, m, b]| msg(o, m, b))
+            .collect::<Result<Vec<_>>>()?;
+        let dicts = self
+            .dicts
+            .iter()
+            .map(|&[o, m, b, id, delta]| {
+                if o < 0 || m < 0 || b < 0 {
+                    return Err(bad("negative dictionary block"));
+                }
+                Ok(DictMsg {
+                    msg: msg(o as u64, m as u64, b as u64)?,
+                    id,
+                    delta: delta != 0,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dicts_before = if self.dicts_before.is_empty() {
+            vec![0; batches.len()]
+        } else {
+            self.dicts_before.clone()
+        };
+        if batches.len() != rows
+            || dicts_before.len() != batches.len()
+            || dicts_before.iter().any(|&n| n as usize > dicts.len())
+        {
+            return Err(bad("batch counts"));
+        }
+        Ok(IpcIndex {
+            stream: self.stream,
+            version: self.version,
+            batches,
+            dicts,
+            dicts_before,
+        })
+    }
+}
+
+/// The format of an entry's shard.
+fn format_of(e: &Entry, file: &str) -> Result<Format> {
+    Ok(match &e.ipc {
+        Some(i) => Format::Ipc(Arc::new(i.index(e.row_groups.len(), file)?)),
+        None => Format::Parquet {
+            has_offset_index: e.offset_index,
+            meta: Default::default(),
+        },
+    })
 }
 
 /// A catalog as JSON: the sidecar's entries for every shard, plus what reopens it without
@@ -160,7 +278,7 @@ fn entry_shard(
         e.size,
         e.mtime_ns,
         rows_of(e),
-        e.offset_index,
+        format_of(e, file)?,
         unhex(&e.footer, "footer digest", file)?,
         schema_digest,
         file_id,
@@ -363,7 +481,8 @@ fn index_of(catalog: &Catalog, with_file_ids: bool) -> IndexFile {
                     .iter()
                     .map(|r| [r.num_rows, r.byte_offset, r.compressed_bytes])
                     .collect(),
-                offset_index: s.has_offset_index,
+                offset_index: s.has_offset_index(),
+                ipc: s.ipc().map(|i| IpcEntry::of(i)),
                 footer: hex(&s.footer_digest),
                 schema: hex(&s.schema_digest),
             }
@@ -627,7 +746,10 @@ mod tests {
             "one listing + one GET, no footer"
         );
         assert!(
-            indexed.shards().iter().all(|s| s.meta.get().is_none()),
+            indexed
+                .shards()
+                .iter()
+                .all(|s| matches!(&s.format, Format::Parquet { meta, .. } if meta.get().is_none())),
             "footers lazy"
         );
         assert_eq!(indexed.fingerprint(), &fp);
