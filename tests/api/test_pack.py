@@ -390,3 +390,52 @@ def test_row_mode_and_outputs_agree_with_batches(docs, output):
     tail, _ = run(root, p, state=st, batch_size=None, output=output)
     ids = [np.asarray(r["input_ids"]) for r in head + tail]
     assert np.array_equal(np.stack(ids), batches["input_ids"])
+
+
+def test_hostile_pack_states_are_refused_or_harmless(docs):
+    """Random changes to a state's packing fields: a StateError (at load or at the first batch),
+    never a panic or another exception; a state that loads packs rows with the row
+    properties, of real documents' tokens."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    root, lengths = docs
+    pack = Pack(seq_len=64)
+    _, base = run(root, pack, n=4)
+    valid = set(all_tokens(lengths, range(len(lengths))))
+    fields = [
+        ("position", "pack", "rows"),
+        ("position", "pack", "spans"),
+        ("settings", "pack", "seq_len"),
+        ("settings", "pack", "algorithm"),
+        ("position", "pack"),
+        ("settings", "pack"),
+    ]
+    values = st.one_of(
+        st.integers(-(2**65), 2**65),
+        st.text(max_size=12),
+        st.none(),
+        st.lists(st.lists(st.integers(0, 300), max_size=4), max_size=4),
+        st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    )
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(path=st.sampled_from(fields), value=values)
+    def fuzz(path, value):
+        s = json.loads(json.dumps(base))
+        node = s
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+        ds = stream(root, pack)
+        try:
+            ds.load_state_dict(s)
+            items = list(ds)
+        except StateError as e:
+            assert str(e).strip()
+            return
+        if items:
+            rows = check_rows(items, 64)
+            assert set(tokens(rows)) <= valid
+
+    fuzz()
