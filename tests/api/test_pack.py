@@ -439,3 +439,11 @@ def test_hostile_pack_states_are_refused_or_harmless(docs):
             assert set(tokens(rows)) <= valid
 
     fuzz()
+
+
+def test_a_packing_source_in_a_mixture_is_refused(docs):
+    from shardstream import Mixture
+
+    root, _ = docs
+    with pytest.raises(ValueError, match="packing inside or after a Mixture"):
+        Mixture({"a": stream(root, Pack(seq_len=8), batch_size=None)}, weights={"a": 1.0})

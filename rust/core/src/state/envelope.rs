@@ -335,9 +335,9 @@ impl SettingsRecord {
         let (Value::Object(a), Value::Object(b)) = (a, b) else {
             return Vec::new();
         };
-        // Keys of either side: `pack` is absent when a stream does not pack.
-        let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-        keys.into_iter()
+        // Keys of either side, in the state's order: `pack` is absent when a stream does not pack.
+        a.keys()
+            .chain(b.keys().filter(|k| !a.contains_key(*k)))
             .filter(|k| a.get(*k) != b.get(*k))
             .map(|k| {
                 format!(
