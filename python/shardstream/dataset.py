@@ -190,7 +190,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         )
         if pack is not None:
             if not isinstance(pack, Pack):
-                raise TypeError(f"pack must be a shardstream.Pack or None, got {type(pack).__name__}")
+                raise TypeError(
+                    f"pack must be a shardstream.Pack or None, got {type(pack).__name__}"
+                )
             self._settings_args["pack"] = pack.record()
         self._pack = pack
         self._settings = RawSettings(**self._settings_args)  # checks every number, naming it

@@ -20,8 +20,9 @@ M = 10_000
 BOS, EOS = 7_000_000_001, 7_000_000_002
 
 
-def write_docs(root, lengths, shards=3, row_group=37, dtype=pa.int32()):
+def write_docs(root, lengths, shards=3, row_group=37, dtype=None):
     """Documents 0..n-1 with the given lengths, over `shards` files."""
+    dtype = dtype or pa.int32()
     os.makedirs(root, exist_ok=True)
     n = len(lengths)
     cuts = np.linspace(0, n, shards + 1).astype(int)
@@ -59,7 +60,10 @@ def doc_order(root, **kw):
 
 def rows_of(items):
     """input_ids, labels, position_ids, segment_ids as [rows, seq_len] arrays."""
-    out = {k: np.concatenate([b[k] for b in items]) for k in ("input_ids", "labels", "position_ids", "segment_ids")}
+    out = {
+        k: np.concatenate([b[k] for b in items])
+        for k in ("input_ids", "labels", "position_ids", "segment_ids")
+    }
     return out
 
 
@@ -88,8 +92,10 @@ def check_rows(items, seq_len, shift=True, pad=0):
         cu = b["cu_seqlens"]
         assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == seg.size
         flat = seg.reshape(-1)
-        for a, z in zip(cu[:-1], cu[1:]):
-            assert z > a and len(set(flat[a:z].tolist())) == 1 and a // seq_len == (z - 1) // seq_len
+        for a, z in zip(cu[:-1], cu[1:], strict=True):
+            assert (
+                z > a and len(set(flat[a:z].tolist())) == 1 and a // seq_len == (z - 1) // seq_len
+            )
         assert b["max_seqlen"] == int(np.diff(cu).max())
     return rows_of(items)
 
@@ -114,6 +120,9 @@ def tokens(rows):
 
 def all_tokens(lengths, docs_):
     return [d * M + j for d in docs_ for j in range(lengths[d])]
+
+
+PACK64 = Pack(seq_len=64)
 
 
 # -- concat ------------------------------------------------------------------------------------
@@ -180,7 +189,9 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("pack", ALGOS, ids=["concat", "best_fit", "best_fit_truncate"])
-@pytest.mark.parametrize("kw", [dict(), dict(shuffle_buffer=20, seed=3, epochs=2)], ids=["plain", "shuffled_2_epochs"])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(shuffle_buffer=20, seed=3, epochs=2)], ids=["plain", "shuffled_2_epochs"]
+)
 def test_resume_is_exact_at_every_point_and_twice(docs, pack, kw):
     root, _ = docs
     full, _ = run(root, pack, **kw)
@@ -248,7 +259,9 @@ def test_best_fit_long_docs_truncate_and_drop(docs):
     for mode in ("truncate", "drop"):
         p = Pack(seq_len=64, algorithm="best_fit", buffer_docs=16, long_docs=mode)
         rows = check_rows(list(stream(root, p)), 64)
-        want = {d: min(n, 64) for d, n in enumerate(lengths) if n and (mode == "truncate" or n <= 64)}
+        want = {
+            d: min(n, 64) for d, n in enumerate(lengths) if n and (mode == "truncate" or n <= 64)
+        }
         got = collections.Counter()
         for d, off, n in pieces(rows):
             assert off == 0
@@ -293,7 +306,7 @@ def test_hostile_and_mismatched_states_are_refused(docs):
     _, st = run(root, Pack(seq_len=64), n=4)
     assert st["position"]["pack"]["spans"]
 
-    def load(mutate, pack=Pack(seq_len=64)):
+    def load(mutate, pack=PACK64):
         s = json.loads(json.dumps(st))
         mutate(s)
         ds = stream(root, pack)
@@ -419,7 +432,9 @@ def test_hostile_pack_states_are_refused_or_harmless(docs):
         st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
     )
 
-    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(path=st.sampled_from(fields), value=values)
     def fuzz(path, value):
         s = json.loads(json.dumps(base))
