@@ -1,5 +1,6 @@
 """Shards in an object store (issues #5, #18): ``s3://`` against a local moto server and
-``gs://`` against fake-gcs-server (the ``objstore`` fixture runs each shared test on both),
+``gs://`` against fake-gcs-server (the ``objstore`` fixture runs each shared test on both;
+parametrized tests run each case on one store in turn: ``on_each_store``),
 ``file://``.
 
 The same data as the local tests, uploaded to the store; every stream is compared in full
@@ -64,6 +65,22 @@ GIVE_UP = dict(
 HANG_BOUND = 30.0  # seconds; far above what GIVE_UP allows, far below "hung"
 
 
+STORES = ("s3", "gs")
+
+
+def on_each_store(argname: str, cases: dict[str, Any]) -> Any:
+    """Parametrize ``argname`` with ``cases``, each case on one store in turn (s3, gs, s3, ...):
+    every case runs once and both stores see every kind of case, at half the time of running
+    every case on both (the ``objstore`` fixture's params are overridden)."""
+    stores = [STORES[i % len(STORES)] for i in range(len(cases))]
+    return pytest.mark.parametrize(
+        ("objstore", argname),
+        list(zip(stores, cases.values())),
+        ids=[f"{st}-{name}" for st, name in zip(stores, cases)],
+        indirect=["objstore"],
+    )
+
+
 def s3_settings(opts: dict[str, str], settings: dict) -> dict:
     return {**settings, "storage_options": opts}
 
@@ -124,7 +141,7 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("settings", [s for _, s in STREAMS], ids=[i for i, _ in STREAMS])
+@on_each_store("settings", dict(STREAMS))
 def test_remote_stream_equals_local(objstore, small, small_url, settings):
     local = full_stream(small.root, settings)
     if "rank" not in settings:
@@ -279,7 +296,7 @@ RESUME = [
 ]
 
 
-@pytest.mark.parametrize("settings", [s for _, s in RESUME], ids=[i for i, _ in RESUME])
+@on_each_store("settings", dict(RESUME))
 def test_resume_remote(objstore, small, small_url, settings):
     """The harness of test_resume.py over s3:// (interrupt points from the local layout,
     including mid-row-group and mid-shuffle-buffer points), plus the local stream."""
@@ -396,7 +413,7 @@ FAULTS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(FAULTS))
+@on_each_store("kind", {k: k for k in FAULTS})
 def test_faults_keep_the_stream_exact(objstore, small, small_url, fault_proxy, kind):
     settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)
     local = full_stream(small.root, settings)
@@ -467,15 +484,14 @@ def _attempts(err: BaseException) -> tuple[int, float]:
     return int(m.group(1)), float(m.group(2))
 
 
-@pytest.mark.parametrize(
+@on_each_store(
     "limits",
-    [
+    {
         # retry_timeout binds: no attempt starts after 3 s, each lasts at most 1 s
-        dict(timeout="1s", retry_timeout="3s", max_retries="10"),
+        "retry_timeout": dict(timeout="1s", retry_timeout="3s", max_retries="10"),
         # max_retries binds: 1 + 2 attempts, each of them counted by the server once
-        dict(timeout="1s", retry_timeout="60s", max_retries="2"),
-    ],
-    ids=["retry_timeout", "max_retries"],
+        "max_retries": dict(timeout="1s", retry_timeout="60s", max_retries="2"),
+    },
 )
 def test_silent_server_at_open_fails_within_the_configured_limits(
     objstore, small_url, fault_proxy, limits
@@ -524,7 +540,7 @@ def test_silent_server_while_reading_fails_within_the_limits(objstore, small_url
     assert "shard-0000" in str(err), str(err)
 
 
-@pytest.mark.parametrize("mode", ["blackhole", "stalled-body"])
+@on_each_store("mode", {m: m for m in ("blackhole", "stalled-body")})
 def test_silent_server_while_reading_raises_not_hangs(objstore, small_url, fault_proxy, mode):
     proxy = fault_proxy()
     opts = objstore.options(proxy.endpoint, **GIVE_UP)

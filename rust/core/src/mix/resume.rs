@@ -81,10 +81,16 @@ impl MixResume {
         for v in states {
             match parse_node(v, "state")? {
                 Node::Mixture(m) => parsed.push(*m),
-                Node::Stream(_) | Node::Sampler(_) => {
+                Node::Stream(_) => {
                     return Err(Error::State(format!(
-                        "state is not a {MIXTURE_FORMAT} state: a Mixture loads what \
-                         Mixture.state_dict() saved"
+                        "state is a ParquetStream's, not a {MIXTURE_FORMAT} state: a Mixture \
+                         loads what Mixture.state_dict() saved"
+                    )))
+                }
+                Node::Sampler(_) => {
+                    return Err(Error::State(format!(
+                        "state is a ResumableSampler's, not a {MIXTURE_FORMAT} state: a \
+                         Mixture loads what Mixture.state_dict() saved"
                     )))
                 }
             }
