@@ -17,10 +17,12 @@ from .dataset import ParquetStream
 from .errors import SchemaError, ShardError, ShardsChangedError, ShardstreamError, StateError
 from .mapstyle import ParquetRows, collate
 from .mixture import Mixture
+from .pack import Pack
 from .sampler import ResumableSampler
 
 __all__ = [
     "Mixture",
+    "Pack",
     "ParquetRows",
     "ParquetStream",
     "ResumableSampler",

@@ -79,6 +79,7 @@ class RawSettings:
         read_batch_rows: Any,
         readahead_threads: Any,
         readahead_depth: Any,
+        pack: Any = None,
     ) -> RawSettings: ...
     @property
     def batch_size(self) -> int | None: ...

@@ -36,6 +36,7 @@ from ._iterator import StreamIterator
 from .convert import OUTPUTS, Converter
 from .errors import StateError
 from .integrations import accelerate as _accelerate
+from .pack import Pack, PackConverter
 
 # Never imported here: numpy/python/arrow output runs without torch, and the class is registered
 # as a torch IterableDataset once torch is there (_torch.py).
@@ -126,6 +127,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             standard environment variables (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``), plus
             ``timeout`` / ``connect_timeout`` (per request, e.g. ``"30s"``), ``max_retries``,
             ``retry_timeout`` and ``backoff_initial``. An unknown key is an error.
+        pack: a :class:`shardstream.Pack`: items are rows of ``seq_len`` tokens packed from the
+            documents of a token column (``batch_size`` packed rows per item, or one in row
+            mode), with the packer's pending documents in the state as row references.
+            ``skip()`` is not available with packing.
 
     Raises:
         FileNotFoundError: a source names nothing.
@@ -169,6 +174,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         readahead_threads: int | None = None,
         readahead_depth: int = _DEFAULTS["readahead_depth"],
         storage_options: Mapping[str, str] | None = None,
+        pack: Pack | None = None,
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
@@ -185,6 +191,13 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             readahead_threads=readahead_threads,
             readahead_depth=readahead_depth,
         )
+        if pack is not None:
+            if not isinstance(pack, Pack):
+                raise TypeError(
+                    f"pack must be a shardstream.Pack or None, got {type(pack).__name__}"
+                )
+            self._settings_args["pack"] = pack.record()
+        self._pack = pack
         self._settings = RawSettings(**self._settings_args)  # checks every number, naming it
         _slots.check_rank(rank, world_size)
         self._sources = _sources(source)
@@ -197,6 +210,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._rank = rank
         self._world_size = world_size
         self._catalog = RawCatalog(self._sources, self._columns, self._storage_options)
+        if pack is not None:
+            pack.check_schema(self._catalog.schema)
         # Where the next iterator starts; None only after unpickling, until first needed.
         self._resume: RawResume | None = RawResume.start(0)
         self._pickled_resume: tuple[list[dict[str, Any]], Any] | None = None
@@ -416,7 +431,11 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._start_point()  # an earlier iterator's position becomes the start point
-        conv = Converter(self._output, self.catalog.schema, self._list_format)
+        conv: Any = (
+            PackConverter(self._output)
+            if self._pack is not None
+            else Converter(self._output, self.catalog.schema, self._list_format)
+        )
         batched = self._settings.batch_size is not None
         self._iter = StreamIterator(self, conv, batched)
         return self._iter

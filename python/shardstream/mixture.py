@@ -248,6 +248,11 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
                     )
             if s._rank is not None:
                 raise ValueError(f"source {n!r} has rank/world_size: pass them to Mixture")
+            if s._pack is not None:
+                raise ValueError(
+                    f"source {n!r} packs (pack=...): packing inside or after a Mixture is not "
+                    "supported yet; pack a single ParquetStream"
+                )
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         Converter(output, pa.schema([]), list_format)  # validates output/list_format early

@@ -19,6 +19,7 @@
 //!   split across ranks, with an O(1), elastic state.
 //! - [`mix`]: a weighted mixture of named sources, one stream per source (rule, schedule,
 //!   resume, mixed stream).
+//! - [`pack`]: token packing into rows of `seq_len` tokens, pending documents as row references.
 //!
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
@@ -27,6 +28,7 @@ pub mod catalog;
 pub mod elastic;
 pub mod error;
 pub mod mix;
+pub mod pack;
 pub mod plan;
 pub mod prefetch;
 pub mod reader;

@@ -62,6 +62,8 @@ pub struct Settings {
     pub epochs: Option<u64>,
     /// The policy asked for; it applies only with more than one rank (see [`Layout`]).
     pub even: Even,
+    /// Pack a token column into rows of `seq_len` tokens (`pack/`); items are packed rows.
+    pub pack: Option<crate::pack::PackSettings>,
 }
 
 /// Knobs that never change the stream.
@@ -187,6 +189,7 @@ impl Settings {
                 })
                 .transpose()?,
             even: Even::parse(a.even.as_deref(), "even")?,
+            pack: None,
         };
         let tuning = Tuning {
             read_batch_rows: int_in(

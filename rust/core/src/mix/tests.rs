@@ -86,6 +86,7 @@ fn config(f: &Fixture, s: &Spec, only: Option<&[usize]>) -> Arc<MixConfig> {
                 drop_last: false,
                 epochs: None,
                 even: s.even,
+                pack: None,
             },
             tuning: Tuning {
                 read_batch_rows: 4,

@@ -77,6 +77,9 @@ pub struct SettingsRecord {
     pub drop_last: bool,
     #[serde(deserialize_with = "required")]
     pub epochs: Option<u64>,
+    /// Packing (`pack/`); absent for a stream that does not pack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<crate::pack::PackSettings>,
     #[serde(deserialize_with = "required")]
     pub even: Option<String>,
 }
@@ -104,6 +107,9 @@ pub struct PositionRecord {
     /// Informational, checked against the position on load; absent in some older states.
     #[serde(default)]
     pub seek: Option<Seek>,
+    /// The packer's pending documents (`state/pack.rs`); absent for a stream that does not pack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<super::pack::PackRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -315,6 +321,7 @@ impl SettingsRecord {
             batch_size: s.batch_size,
             drop_last: s.drop_last,
             epochs: s.epochs,
+            pack: s.pack.clone(),
             even: match s.even {
                 Even::Off => None,
                 e => Some(e.name().to_string()),
@@ -328,12 +335,14 @@ impl SettingsRecord {
         let (Value::Object(a), Value::Object(b)) = (a, b) else {
             return Vec::new();
         };
-        a.iter()
-            .filter(|(k, v)| b.get(*k) != Some(*v))
-            .map(|(k, v)| {
+        // Keys of either side, in the state's order: `pack` is absent when a stream does not pack.
+        a.keys()
+            .chain(b.keys().filter(|k| !a.contains_key(*k)))
+            .filter(|k| a.get(*k) != b.get(*k))
+            .map(|k| {
                 format!(
                     "{k}: state has {}, dataset has {}",
-                    py_repr(v),
+                    py_repr(a.get(k).unwrap_or(&Value::Null)),
                     py_repr(b.get(k).unwrap_or(&Value::Null))
                 )
             })
@@ -365,6 +374,7 @@ impl PositionRecord {
                 })
                 .collect(),
             seek,
+            pack: st.pack.as_deref().map(super::pack::PackRecord::of),
         }
     }
 
@@ -392,6 +402,11 @@ impl PositionRecord {
             rng_word_pos: u128::from(self.rng_word_pos),
             buffer: ids_from_base64(&self.buffer, &format!("{what}['buffer']"))?,
             specs,
+            pack: self
+                .pack
+                .as_ref()
+                .map(|p| p.refs(&format!("{what}['pack']")))
+                .transpose()?,
         })
     }
 }
@@ -533,6 +548,7 @@ mod tests {
             drop_last: false,
             epochs: Some(1),
             even: Even::Off,
+            pack: None,
         });
         let mut b = a.clone();
         b.even = Some("drop".into());

@@ -13,6 +13,7 @@
 
 mod input;
 mod items;
+mod packed;
 pub use items::skip_state;
 mod slab;
 
@@ -62,6 +63,11 @@ pub struct Stream {
     replay: SkipLog,
     /// `next_item` returned the end of the pass.
     ended: bool,
+    /// Packing (`pack/`): the packer, fed by `next_batch`.
+    pub(crate) pack: Option<crate::pack::Packer>,
+    /// Global row ids of the last `next_batch`, kept while packing (`track_ids`).
+    ids: Vec<u64>,
+    track_ids: bool,
 }
 
 impl Stream {
@@ -87,6 +93,7 @@ impl Stream {
             drop_last: false,
             epochs: opts.epochs,
             even: opts.even,
+            pack: None,
         };
         Ok(Stream {
             epoch: opts.first_epoch,
@@ -109,6 +116,9 @@ impl Stream {
             skips: SkipLog::default(),
             replay: SkipLog::default(),
             ended: false,
+            pack: None,
+            ids: Vec::new(),
+            track_ids: false,
         })
     }
 
@@ -263,6 +273,7 @@ impl Stream {
             rng_word_pos: self.rng.word_pos(),
             buffer: Vec::new(),
             specs: self.specs.clone(),
+            pack: self.pack.as_ref().map(|p| p.refs()),
         }
     }
 
@@ -323,6 +334,9 @@ impl Stream {
         self.buffer.rows = st.buffer.clone();
         self.buffer.data = vec![Loc::default(); st.buffer.len()];
         self.batch_start = None;
+        if let Some(p) = &mut self.pack {
+            p.reset(st.pack.clone());
+        }
     }
 
     /// `st` moved forward by `k` output rows (within its epoch), computed on row ids alone.
@@ -486,14 +500,22 @@ impl Stream {
     fn next_plain(&mut self, max_rows: usize) -> Result<RecordBatch> {
         let want = (max_rows as u64).min(self.spec.output_len() - self.emitted) as usize;
         let schema = self.catalog.schema().clone();
+        let track = self.track_ids;
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
         let data = self.data_side()?;
         let mut parts = Vec::new();
         let mut got = 0;
         while got < want {
             let part = data.input.take(want - got)?;
             got += part.num_rows();
+            if track {
+                let first = data.input.first_row + (data.input.offset - part.num_rows()) as u64;
+                ids.extend(first..first + part.num_rows() as u64);
+            }
             parts.push(part);
         }
+        self.ids = ids;
         self.cursor += got as u64;
         self.emitted += got as u64;
         if parts.len() == 1 {
@@ -514,6 +536,8 @@ impl Stream {
             input: &mut data.input,
             slab: &mut data.slab,
         };
+        let track = self.track_ids;
+        self.ids.clear();
         while picks.len() < max_rows {
             match self.buffer.step(
                 &mut self.rng,
@@ -522,7 +546,12 @@ impl Stream {
                 len,
                 &mut self.emitted,
             )? {
-                Some((_, loc)) => picks.push(loc),
+                Some((id, loc)) => {
+                    if track {
+                        self.ids.push(id);
+                    }
+                    picks.push(loc)
+                }
                 None => break,
             }
         }
