@@ -75,8 +75,8 @@ def on_each_store(argname: str, cases: dict[str, Any]) -> Any:
     stores = [STORES[i % len(STORES)] for i in range(len(cases))]
     return pytest.mark.parametrize(
         ("objstore", argname),
-        list(zip(stores, cases.values())),
-        ids=[f"{st}-{name}" for st, name in zip(stores, cases)],
+        list(zip(stores, cases.values(), strict=True)),
+        ids=[f"{st}-{name}" for st, name in zip(stores, cases, strict=True)],
         indirect=["objstore"],
     )
 
