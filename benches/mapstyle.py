@@ -9,7 +9,8 @@ a fresh process forked from a preloaded server (benchlib.run_forked), runs inter
 
   access   (A) rows/s of ``__getitems__`` with batches of --batch (256) in the sampler's order,
            ``output="arrow"``, one process, for the orders: global shuffle, and the block
-           order (--blocks): shardstream with the page cache and without it, vs HF
+           order (--blocks): shardstream with the page cache and without it, and over the
+           same rows as uncompressed Arrow IPC files (memory-mapped, ``ss-ipc``), vs HF
            ``datasets`` map-style ``Dataset`` (``from_parquet``, Arrow format) ``ds[indices]``
            on the same indices, vs pyarrow ``Table.take`` after a full ``read_table`` (the
            in-memory upper bound; the read is reported apart). Wall and CPU rate.
@@ -98,7 +99,8 @@ def _access(spec: dict) -> dict:
         from shardstream import ParquetRows
 
         cache = spec["cache"] if kind == "ss-cache" else 0
-        ds = ParquetRows(data, columns=COLUMNS, output="arrow", page_cache_bytes=cache, threads=1)
+        src = spec["ipc_dir"] if kind == "ss-ipc" else data
+        ds = ParquetRows(src, columns=COLUMNS, output="arrow", page_cache_bytes=cache, threads=1)
 
         def get(idx: list[int]) -> Any:
             return ds.__getitems__(idx).arrow
@@ -278,8 +280,28 @@ def _hf_ok() -> str:
     return ""
 
 
+def ipc_copy(data: str, root: str) -> str:
+    """The same rows as uncompressed Arrow IPC files (one per shard, record batches of 8,192
+    rows), written once: shardstream memory-maps them, so a row is a slice of the mapping."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = os.path.join(root, "ipc-" + os.path.basename(os.path.normpath(data)))
+    if not os.path.isdir(out):
+        tmp = out + ".tmp"
+        os.makedirs(tmp, exist_ok=True)
+        for p in shard_files(data):
+            table = pq.read_table(p, columns=COLUMNS)
+            name = os.path.splitext(os.path.basename(p))[0] + ".arrow"
+            with pa.ipc.new_file(os.path.join(tmp, name), table.schema) as w:
+                w.write_table(table, max_chunksize=8192)
+        os.rename(tmp, out)
+    return out
+
+
 def bench_access(args: argparse.Namespace, data: str, results: dict) -> None:
-    readers = ["ss-nocache", "ss-cache", "pa-take"]
+    readers = ["ss-nocache", "ss-cache", "ss-ipc", "pa-take"]
+    ipc_dir = ipc_copy(data, args.data_root)
     hf = _hf_ok()
     if not hf:
         readers.insert(2, "hf")
@@ -298,6 +320,7 @@ def bench_access(args: argparse.Namespace, data: str, results: dict) -> None:
                     batch=args.batch,
                     cache=args.cache_mb << 20,
                     hf_cache=hf_cache,
+                    ipc_dir=ipc_dir,
                 )
                 runs[reader].append(run(spec))
                 status(f"access {name} {reader}: {krows(_rate(runs[reader][-1]))}k rows/s")
