@@ -172,6 +172,29 @@ def test_map_style_rows_by_index(ipc_set):
     assert ds.arrow(idx).to_pylist() == [want[i] for i in idx]
 
 
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_map_style_global_shuffle_over_ranks_is_pyarrow_rows(ipc_set, block_size):
+    """A ResumableSampler epoch over 2 ranks (global shuffle, and block order), fetched in
+    batches of 7 through __getitems__ + collate: every row once, each pyarrow's row at its
+    index (across shards, empty and one-row batches, dictionaries, large_string)."""
+    from shardstream import ParquetRows, ResumableSampler
+
+    root, paths = ipc_set
+    want = pyarrow_rows(paths)
+    ds = ParquetRows(str(root), output="arrow")
+    assert len(ds) == len(want)
+    seen = []
+    for rank in range(2):
+        order = list(
+            ResumableSampler(ds, seed=5, block_size=block_size, rank=rank, world_size=2, even=None)
+        )
+        for i in range(0, len(order), 7):
+            idx = order[i : i + 7]
+            assert ParquetRows.collate(ds.__getitems__(idx)).to_pylist() == [want[j] for j in idx]
+        seen += order
+    assert sorted(seen) == list(range(len(want)))
+
+
 def test_format_is_found_by_magic_not_extension(tmp_path):
     a = write_set(tmp_path / "a", "stream", ext="bin")
     b = write_set(tmp_path / "b", "file", ext="data")
