@@ -248,15 +248,23 @@ def _describe_mixture(parsed: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _mixture_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
+def _head_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """The format and slot lines every state kind starts with."""
     lines: list[tuple[str, str]] = [("format", f"{d['format']} version {d['version']}")]
-    add = lines.append
     slot = d["slot"]
     if slot is None:
-        add(("slot", "none (nothing read yet)"))
+        lines.append(("slot", "none (nothing read yet)"))
     else:
         where = "slot = rank * num_workers + worker_id"
-        add(("slot", f"{slot['index']} of {slot['count']} (even: {slot['even']}; {where})"))
+        lines.append(
+            ("slot", f"{slot['index']} of {slot['count']} (even: {slot['even']}; {where})")
+        )
+    return lines
+
+
+def _mixture_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
+    lines = _head_lines(d)
+    add = lines.append
     left = "no limit" if d["left"] is None else f"{d['left']:,} left"
     add(("items", f"{d['items']:,} yielded by this slot ({left})"))
     pts = d["weights"]["points"]
@@ -366,14 +374,8 @@ _UNCHECKED = object()
 
 
 def _state_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
-    lines: list[tuple[str, str]] = [("format", f"{d['format']} version {d['version']}")]
+    lines = _head_lines(d)
     add = lines.append
-    slot = d["slot"]
-    if slot is None:
-        add(("slot", "none (nothing read yet)"))
-    else:
-        where = "slot = rank * num_workers + worker_id"
-        add(("slot", f"{slot['index']} of {slot['count']} (even: {slot['even']}; {where})"))
     epochs = "endless" if d["epochs"] is None else d["epochs"]
     first = _fmt_opt(d["first_epoch"])
     add(("epoch", f"{_fmt_opt(d['epoch'])} (the pass starts at {first}; epochs: {epochs})"))
