@@ -188,12 +188,19 @@ $(WHEEL_DEPS_STAMP): $(BOOT_STAMP) build_backend/shardstream_backend.py
 	  $(PY) -m pip install $(PIP_FLAGS) -q "$${r[@]}"; \
 	fi
 	@touch $@
-# What test-wheel runs against the installed wheel: the suite without the torchrun tests
-# (test_distributed.py, ~6 min on 2 cores) and the reliability suites (corpus, fuzz, soak, long
-# runs: the engine's robustness, the same compiled code as in test-py, ~4 min). Both run in
-# test-py. For everything: make test-wheel WHEEL_TEST_SELECT=
+# What test-wheel runs against the installed wheel: what the wheel's own build (zig linker,
+# manylinux2014, stripped) could change -- the API over every codec and format, the CLI entry
+# point, the docs' examples, and the object-store HTTP/TLS stack on its main paths. Left to
+# test-py, where the same Python and Rust sources run: the torchrun tests (~6 min), the
+# reliability suites (~4 min), the trainer/DataLoader integrations (Python glue), the bench
+# harness, and the fault-injection object-store cases (timing-heavy; the retry logic is the
+# same source). For everything: make test-wheel WHEEL_TEST_SELECT=
 # (--ignore-glob patterns must be absolute: pytest runs from a directory outside the repo.)
-WHEEL_TEST_SELECT ?= '--ignore-glob=$(CURDIR)/tests/integration/test_distributed.py' '--ignore-glob=$(CURDIR)/tests/reliability/*'
+WHEEL_IGNORE := integration/test_distributed.py integration/test_accelerate.py \
+  integration/test_hf_trainer.py integration/test_lightning.py integration/test_dataloader.py \
+  integration/test_mapstyle_loader.py reliability/* bench/*
+WHEEL_TEST_SELECT ?= $(foreach p,$(WHEEL_IGNORE),'--ignore-glob=$(CURDIR)/tests/$(p)') \
+  -k 'not (test_object_store and (fault or silent or slow or blackhole or short_delays or moto_proxy))'
 PYTEST_WHEEL_ARGS ?= $(PYTEST_ARGS) $(WHEEL_TEST_SELECT)
 
 .PHONY: wheel
