@@ -16,6 +16,7 @@
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
 pub mod catalog;
+mod decode;
 pub mod elastic;
 pub mod error;
 pub mod index;

@@ -11,15 +11,13 @@
 use std::fs::File;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, RecordBatch};
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection,
-    RowSelector,
+    ArrowReaderMetadata, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
 };
-use parquet::arrow::push_decoder::ParquetPushDecoderBuilder;
-use parquet::DecodeResult;
 
 use crate::catalog::{Catalog, Shard};
+use crate::decode::{self, Batches};
 use crate::error::{shard_guard, Error, Result};
 use crate::plan::Segment;
 
@@ -28,7 +26,9 @@ pub struct SegmentReader {
     catalog: Arc<Catalog>,
     shard: usize,
     row_group: usize,
-    inner: ParquetRecordBatchReader,
+    inner: Box<Batches>,
+    /// Per output column: check its UTF-8 after decoding (see [`utf8_checks`]).
+    checks: Vec<bool>,
     next_row: u64,
     remaining: u64,
 }
@@ -40,14 +40,16 @@ impl SegmentReader {
             RowSelector::select(seg.len as usize),
         ];
         let shard = catalog.shard(seg.shard);
-        let inner = shard_guard(&shard.path, || {
+        let inner = Box::new(shard_guard(&shard.path, || {
             open_row_group(shard, seg.row_group, selection, batch_rows)
-        })?;
+        })?);
+        let checks = utf8_checks(shard)?;
         Ok(SegmentReader {
             shard: seg.shard,
             catalog,
             row_group: seg.row_group,
             inner,
+            checks,
             next_row: seg.first_row,
             remaining: seg.len,
         })
@@ -60,12 +62,16 @@ impl SegmentReader {
         }
         let shard = self.catalog.shard(self.shard);
         let inner = &mut self.inner;
-        let next = shard_guard(&shard.path, || Ok(inner.next()))?;
-        let batch = match next {
-            Some(b) => b.map_err(|e| {
-                Error::shard(&shard.path, format!("row group {}: {e}", self.row_group))
-            })?,
-            None => {
+        let next = shard_guard(&shard.path, || Ok(inner.next_batch()))?;
+        let (n, columns) = match next {
+            Ok(Some(b)) => b,
+            Err(e) => {
+                return Err(Error::shard(
+                    &shard.path,
+                    format!("row group {}: {e}", self.row_group),
+                ))
+            }
+            Ok(None) => {
                 return Err(Error::shard(
                     &shard.path,
                     format!(
@@ -75,7 +81,7 @@ impl SegmentReader {
                 ))
             }
         };
-        let n = batch.num_rows() as u64;
+        let n = n as u64;
         if n == 0 || n > self.remaining {
             return Err(Error::shard(
                 &shard.path,
@@ -88,7 +94,8 @@ impl SegmentReader {
         let first = self.next_row;
         self.next_row += n;
         self.remaining -= n;
-        Ok(Some((first, to_output(&self.catalog, shard, batch)?)))
+        let out = to_output(&self.catalog, shard, &self.checks, n as usize, columns)?;
+        Ok(Some((first, out)))
     }
 }
 
@@ -97,7 +104,7 @@ fn open_row_group(
     row_group: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
-) -> Result<ParquetRecordBatchReader> {
+) -> Result<Batches> {
     let meta = shard.reader_meta()?;
     if let Some(obj) = &shard.object {
         return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, |r, d| {
@@ -114,13 +121,14 @@ fn open_row_group(
         });
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
-    ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
         .with_row_groups(vec![row_group])
         .with_projection(shard.mask(meta))
         .with_row_selection(RowSelection::from(selection))
         .with_batch_size(batch_rows.max(1))
         .build()
-        .map_err(|e| Error::shard(&shard.path, format!("row group {row_group}: {e}")))
+        .map_err(|e| Error::shard(&shard.path, format!("row group {row_group}: {e}")))?;
+    Ok(Batches::arrow_rs(reader, shard.roots.len()))
 }
 
 /// `ranges` of a local file, read with `pread` (no shared file position: threads may share it).
@@ -141,86 +149,69 @@ fn read_ranges(
         .collect()
 }
 
-/// The read through arrow-rs's push decoder (every remote shard, local shards with an offset
-/// index): given the same row group, projection and selection, it names the byte ranges it needs
-/// (with an offset index, just the pages holding selected rows, plus dictionary pages); `fetch`
-/// gets them (for an object store: coalesced, in parallel, dictionary pages cached) and decoding
-/// then runs from memory.
+/// The read from memory (every remote shard, local shards with an offset index): the pages
+/// holding selected rows (with an offset index, just those, plus dictionary pages) are named up
+/// front, `fetch` gets them (for an object store: coalesced, in parallel, dictionary pages
+/// cached), then flat and list-of-primitive columns decode in `decode`, the rest in arrow-rs.
 fn open_pushed_row_group(
     shard: &Shard,
     meta: &ArrowReaderMetadata,
     row_group: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
-    mut fetch: impl FnMut(
-        Vec<std::ops::Range<u64>>,
-        &[std::ops::Range<u64>],
-    ) -> Result<Vec<bytes::Bytes>>,
-) -> Result<ParquetRecordBatchReader> {
+    fetch: impl FnMut(Vec<std::ops::Range<u64>>, &[std::ops::Range<u64>]) -> Result<Vec<bytes::Bytes>>,
+) -> Result<Batches> {
     let bad = |e: parquet::errors::ParquetError| {
         Error::shard(&shard.path, format!("row group {row_group}: {e}"))
     };
-    let mut decoder = ParquetPushDecoderBuilder::new_with_metadata(meta.clone())
-        .with_row_groups(vec![row_group])
-        .with_projection(shard.mask(meta))
-        .with_row_selection(RowSelection::from(selection))
-        .with_batch_size(batch_rows.max(1))
-        .build()
-        .map_err(bad)?;
-    // The decoder asks for each column's dictionary page as its own range (chunk start to the
-    // first data page): those are the same for every piece of this row group.
-    let rg = meta.metadata().row_group(row_group);
-    let first_pages = meta
-        .metadata()
-        .offset_index()
-        .and_then(|oi| oi.get(row_group));
-    let dictionaries: Vec<std::ops::Range<u64>> = (0..rg.num_columns())
-        .filter_map(|c| {
-            let start = rg.column(c).dictionary_page_offset()?;
-            let end = first_pages?.get(c)?.page_locations().first()?.offset;
-            (0 <= start && start < end).then_some(start as u64..end as u64)
-        })
-        .collect();
-    loop {
-        match decoder.try_next_reader().map_err(bad)? {
-            DecodeResult::NeedsData(ranges) => {
-                let data = fetch(ranges.clone(), &dictionaries)?;
-                decoder.push_ranges(ranges, data).map_err(bad)?;
-            }
-            DecodeResult::Data(reader) => return Ok(reader),
-            DecodeResult::Finished => {
-                return Err(Error::shard(
-                    &shard.path,
-                    format!("row group {row_group}: the decoder returned no rows"),
-                ))
-            }
-        }
-    }
+    decode::open_row_group(
+        meta,
+        row_group,
+        &shard.roots,
+        selection,
+        batch_rows,
+        shard.size,
+        fetch,
+        bad,
+    )
+}
+
+/// Per output column of `shard`: whether its UTF-8 must be checked here. arrow-rs checks STRING
+/// columns itself but not e.g. JSON ones (also read as utf8): invalid bytes would reach Python as
+/// a broken array. Decided from the footer, so the common case costs nothing per batch.
+fn utf8_checks(shard: &Shard) -> Result<Vec<bool>> {
+    let meta = shard.reader_meta()?;
+    Ok(shard
+        .reorder
+        .iter()
+        .map(|&i| decode::needs_utf8_check(meta, shard.roots[i]))
+        .collect())
 }
 
 /// Reorder a file's projected columns into the requested order under the output schema.
-fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
-    let cols: Vec<_> = shard
-        .reorder
+fn to_output(
+    catalog: &Catalog,
+    shard: &Shard,
+    checks: &[bool],
+    rows: usize,
+    columns: Vec<ArrayRef>,
+) -> Result<RecordBatch> {
+    let cols: Vec<ArrayRef> = shard.reorder.iter().map(|&i| columns[i].clone()).collect();
+    for ((col, field), _) in cols
         .iter()
-        .map(|&i| batch.column(i).clone())
-        .collect();
-    for (col, field) in cols.iter().zip(catalog.schema().fields()) {
-        // arrow-rs validates UTF-8 for STRING columns but not for JSON ones (also read as
-        // utf8): invalid bytes would reach Python as a broken array. Check every string column.
-        if matches!(
-            col.data_type(),
-            arrow_schema::DataType::Utf8 | arrow_schema::DataType::LargeUtf8
-        ) {
-            col.to_data().validate_values().map_err(|e| {
-                Error::shard(
-                    &shard.path,
-                    format!("column {:?}: invalid string data: {e}", field.name()),
-                )
-            })?;
-        }
+        .zip(catalog.schema().fields())
+        .zip(checks)
+        .filter(|(_, &check)| check)
+    {
+        col.to_data().validate_full().map_err(|e| {
+            Error::shard(
+                &shard.path,
+                format!("column {:?}: invalid string data: {e}", field.name()),
+            )
+        })?;
     }
-    RecordBatch::try_new(catalog.schema().clone(), cols)
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
+    RecordBatch::try_new_with_options(catalog.schema().clone(), cols, &options)
         .map_err(|e| Error::shard(&shard.path, format!("unexpected column data: {e}")))
 }
 
@@ -327,10 +318,14 @@ fn read_group_inner(
     }
     let mut out = Vec::new();
     let mut got = 0u64;
-    for b in open_row_group(shard, g, selection, batch_rows)? {
-        let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
-        got += b.num_rows() as u64;
-        out.push(to_output(catalog, shard, b)?);
+    let mut batches = open_row_group(shard, g, selection, batch_rows)?;
+    let checks = utf8_checks(shard)?;
+    while let Some((n, columns)) = batches
+        .next_batch()
+        .map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?
+    {
+        got += n as u64;
+        out.push(to_output(catalog, shard, &checks, n, columns)?);
     }
     if got != ids.len() as u64 {
         return Err(Error::shard(
