@@ -26,10 +26,11 @@ enum Current {
         value: u32,
         left: usize,
     },
-    /// `left` values of a bit-packed run remain, the next at bit `bit` of `data`.
+    /// A bit-packed run of `len` values starting at byte `start` of `data`, `pos` consumed.
     Packed {
-        bit: usize,
-        left: usize,
+        start: usize,
+        pos: usize,
+        len: usize,
     },
 }
 
@@ -120,8 +121,9 @@ impl Rle {
                 self.pos = start + bytes.min(avail);
                 if values > 0 {
                     self.run = Current::Packed {
-                        bit: start * 8,
-                        left: values,
+                        start,
+                        pos: 0,
+                        len: values,
                     };
                     self.at = 0;
                     self.len = 0;
@@ -179,10 +181,11 @@ impl Rle {
                     }
                     return Ok(Some(Run::Repeat(value, left)));
                 }
-                Current::Packed { bit, left } => {
+                Current::Packed { start, pos, len } => {
                     if self.at == self.len {
-                        let n = left.min(WINDOW);
+                        let n = (len - pos).min(WINDOW);
                         let w = self.bit_width as usize;
+                        let bit = start * 8 + pos * w;
                         let mut top = 0;
                         for i in 0..n {
                             let v = self.unpack(bit + i * w);
@@ -211,12 +214,11 @@ impl Rle {
                     self.run = Current::None;
                 }
             }
-            Current::Packed { bit, left } => {
-                *bit += n * self.bit_width as usize;
-                *left -= n;
+            Current::Packed { pos, len, .. } => {
+                *pos += n;
                 // past the unpacked window (a skip or gather) leaves it empty: the next peek refills
                 self.at = (self.at + n).min(self.len);
-                if *left == 0 {
+                if *pos == *len {
                     self.run = Current::None;
                 }
             }
@@ -232,7 +234,8 @@ impl Rle {
                 }
             }
             let k = match self.run {
-                Current::Repeat { left, .. } | Current::Packed { left, .. } => left.min(n),
+                Current::Repeat { left, .. } => left.min(n),
+                Current::Packed { pos, len, .. } => (len - pos).min(n),
                 Current::None => unreachable!("a run was just loaded"),
             };
             self.consume(k);
@@ -266,16 +269,9 @@ impl Rle {
                     self.consume(k);
                     n -= k;
                 }
-                Current::Packed { bit, left } => {
-                    let k = left.min(n);
-                    let w = self.bit_width as usize;
-                    for i in 0..k {
-                        let idx = self.unpack(bit + i * w);
-                        match dict.get(idx as usize) {
-                            Some(&v) => out.push(v),
-                            None => return Err(bad_index(idx, dict.len())),
-                        }
-                    }
+                Current::Packed { start, pos, len } => {
+                    let k = (len - pos).min(n);
+                    self.gather_packed(start, pos, k, dict, out)?;
                     self.consume(k);
                     n -= k;
                 }
@@ -283,6 +279,94 @@ impl Rle {
             }
         }
         Ok(())
+    }
+}
+
+impl Rle {
+    /// `dict[i]` for values `pos..pos + k` of the packed run at byte `start`: whole groups of 8
+    /// by a loop specialised to the bit width, the ragged ends one by one.
+    fn gather_packed<T: Copy>(
+        &self,
+        start: usize,
+        pos: usize,
+        k: usize,
+        dict: &[T],
+        out: &mut Vec<T>,
+    ) -> Result<()> {
+        let w = self.bit_width as usize;
+        if w == 0 {
+            let v = *dict.first().ok_or_else(|| bad_index(0, 0))?;
+            out.extend(std::iter::repeat_n(v, k));
+            return Ok(());
+        }
+        let one = |i: usize| {
+            let idx = self.unpack(start * 8 + (pos + i) * w);
+            dict.get(idx as usize)
+                .copied()
+                .ok_or_else(|| bad_index(idx, dict.len()))
+        };
+        let mut i = 0;
+        while i < k && (pos + i) % 8 != 0 {
+            out.push(one(i)?);
+            i += 1;
+        }
+        let first = start + (pos + i) / 8 * w; // byte of the next whole group
+        let groups = ((k - i) / 8).min(self.data.len().saturating_sub(first) / w);
+        if groups > 0 {
+            gather_groups(w, &self.data[first..first + groups * w], dict, out)?;
+            i += groups * 8;
+        }
+        while i < k {
+            out.push(one(i)?);
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// `dict[i]` for the indices in `src`: groups of 8 values of `w` bits (`w` bytes each).
+fn gather_groups<T: Copy>(w: usize, src: &[u8], dict: &[T], out: &mut Vec<T>) -> Result<()> {
+    let n = src.len() / w.max(1) * 8;
+    let len = out.len();
+    out.reserve(n);
+    let spare = &mut out.spare_capacity_mut()[..n];
+    macro_rules! widths {
+        ($($w:literal)*) => {
+            match w {
+                $($w => {
+                    for (g, o) in src.chunks_exact($w).zip(spare.chunks_exact_mut(8)) {
+                        let mut idx = [0u32; 8];
+                        unpack8::<$w>(g.try_into().expect("w bytes"), &mut idx);
+                        for (slot, &i) in o.iter_mut().zip(&idx) {
+                            let v = dict.get(i as usize).ok_or_else(|| bad_index(i, dict.len()))?;
+                            slot.write(*v);
+                        }
+                    }
+                })*
+                _ => return Err(err(format!("bit width {w} is not 1..=32"))),
+            }
+        };
+    }
+    widths!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32);
+    // SAFETY: the loop above wrote all `n` slots after `len` (an error returns before this line).
+    unsafe { out.set_len(len + n) };
+    Ok(())
+}
+
+/// 8 values of `W` bits from `W` bytes (LSB first): every shift and mask a constant.
+#[inline(always)]
+fn unpack8<const W: usize>(src: &[u8; W], out: &mut [u32; 8]) {
+    let mut buf = [0u8; 40];
+    buf[..W].copy_from_slice(src);
+    let mask = if W == 32 {
+        u64::from(u32::MAX)
+    } else {
+        (1u64 << W) - 1
+    };
+    for (j, o) in out.iter_mut().enumerate() {
+        let bit = j * W;
+        let word = u64::from_le_bytes(buf[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
+        *o = ((word >> (bit % 8)) & mask) as u32;
     }
 }
 
