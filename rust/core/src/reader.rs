@@ -131,19 +131,28 @@ fn open_row_group(
     Ok(Batches::arrow_rs(reader, shard.roots.len()))
 }
 
-/// `ranges` of a local file, read with `pread` (no shared file position: threads may share it).
+/// `ranges` of a local file. The file was opened for this piece alone, so its position is ours
+/// to move; `read_to_end` into reserved capacity skips zero-filling every buffer first.
 fn read_ranges(
-    file: &File,
+    mut file: &File,
     path: &std::path::Path,
     ranges: Vec<std::ops::Range<u64>>,
 ) -> Result<Vec<bytes::Bytes>> {
-    use std::os::unix::fs::FileExt;
+    use std::io::{Read, Seek, SeekFrom};
     ranges
         .into_iter()
         .map(|r| {
-            let mut buf = vec![0u8; (r.end - r.start) as usize];
-            file.read_exact_at(&mut buf, r.start)
+            let n = (r.end - r.start) as usize;
+            let mut buf = Vec::with_capacity(n);
+            file.seek(SeekFrom::Start(r.start))
+                .and_then(|_| file.take(n as u64).read_to_end(&mut buf))
                 .map_err(|e| Error::io(path, e))?;
+            if buf.len() != n {
+                return Err(Error::shard(
+                    path,
+                    format!("file ended inside bytes {}..{}", r.start, r.end),
+                ));
+            }
             Ok(bytes::Bytes::from(buf))
         })
         .collect()
