@@ -11,12 +11,13 @@ use std::sync::Arc;
 use arrow_array::{Array, ArrayRef, GenericListArray, OffsetSizeTrait, PrimitiveArray};
 use arrow_buffer::{BooleanBufferBuilder, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::FieldRef;
+use bytes::Bytes;
 use parquet::basic::Encoding;
 use parquet::column::page::{Page, PageReader};
 use parquet::errors::{ParquetError, Result};
 
 use super::rle::{Rle, Run};
-use super::values::{plain, Kind, Native, Source};
+use super::values::{dictionary, Kind, Native, Source};
 
 fn err(msg: impl Into<String>) -> ParquetError {
     ParquetError::General(msg.into())
@@ -59,7 +60,8 @@ struct PageCursor {
 pub(crate) struct Column<K: Kind> {
     shape: Shape,
     pages: Box<dyn PageReader>,
-    dict: Option<Arc<Vec<Native<K>>>>,
+    /// The dictionary page's entries (PLAIN bytes).
+    dict: Option<Bytes>,
     page: Option<PageCursor>,
     values: Vec<Native<K>>,
     item_nulls: Option<BooleanBufferBuilder>,
@@ -119,9 +121,7 @@ impl<K: Kind> Column<K> {
                     if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
                         return Err(err(format!("dictionary page encoded as {encoding}")));
                     }
-                    let mut dict = Vec::new();
-                    plain::<K>(&buf, num_values as usize, &mut dict)?;
-                    self.dict = Some(Arc::new(dict));
+                    self.dict = Some(dictionary::<K>(buf, num_values as usize)?);
                     continue;
                 }
                 Page::DataPage {
@@ -229,7 +229,7 @@ impl<K: Kind> Column<K> {
             ..
         } = self;
         let p = page.as_mut().expect("a page is loaded");
-        let dict: &[Native<K>] = dict.as_deref().map_or(&[], |d| d.as_slice());
+        let dict: &[u8] = dict.as_deref().unwrap_or(&[]);
         let mut pending = 0usize;
         while p.levels > 0 && *rows > 0 {
             let limit = p.levels.min(*rows);
@@ -305,7 +305,7 @@ impl<K: Kind> Column<K> {
             ..
         } = self;
         let p = page.as_mut().expect("a page is loaded");
-        let dict: &[Native<K>] = dict.as_deref().map_or(&[], |d| d.as_slice());
+        let dict: &[u8] = dict.as_deref().unwrap_or(&[]);
         let PageCursor {
             rep,
             def,
@@ -420,7 +420,7 @@ impl RunExt for Run<'_> {
 #[inline]
 fn flush<K: Kind, const KEEP: bool>(
     source: &mut Source,
-    dict: &[Native<K>],
+    dict: &[u8],
     pending: &mut usize,
     values: &mut Vec<Native<K>>,
     item_nulls: &mut Option<BooleanBufferBuilder>,

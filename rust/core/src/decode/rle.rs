@@ -15,6 +15,25 @@ fn err(msg: impl Into<String>) -> ParquetError {
     ParquetError::General(msg.into())
 }
 
+/// What dictionary indices point into.
+pub(crate) trait Dict {
+    type Value: Copy;
+    fn len(&self) -> usize;
+    /// Entry `i`, `None` past the end.
+    fn get(&self, i: usize) -> Option<Self::Value>;
+}
+
+impl<T: Copy> Dict for [T] {
+    type Value = T;
+    fn len(&self) -> usize {
+        <[T]>::len(self)
+    }
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<T> {
+        <[T]>::get(self, i).copied()
+    }
+}
+
 /// Values unpacked per literal window (a packed run longer than this is served in windows).
 const WINDOW: usize = 64;
 
@@ -246,11 +265,11 @@ impl Rle {
 
     /// Append `dict[i]` for the next `n` indices `i` (an error if one is out of range or the
     /// buffer ends first).
-    pub(crate) fn gather<T: Copy>(
+    pub(crate) fn gather<D: Dict + ?Sized>(
         &mut self,
-        dict: &[T],
+        dict: &D,
         mut n: usize,
-        out: &mut Vec<T>,
+        out: &mut Vec<D::Value>,
     ) -> Result<()> {
         out.reserve(n);
         while n > 0 {
@@ -262,7 +281,7 @@ impl Rle {
             match self.run {
                 Current::Repeat { value, left } => {
                     let k = left.min(n);
-                    let v = *dict
+                    let v = dict
                         .get(value as usize)
                         .ok_or_else(|| bad_index(value, dict.len()))?;
                     out.extend(std::iter::repeat_n(v, k));
@@ -285,24 +304,23 @@ impl Rle {
 impl Rle {
     /// `dict[i]` for values `pos..pos + k` of the packed run at byte `start`: whole groups of 8
     /// by a loop specialised to the bit width, the ragged ends one by one.
-    fn gather_packed<T: Copy>(
+    fn gather_packed<D: Dict + ?Sized>(
         &self,
         start: usize,
         pos: usize,
         k: usize,
-        dict: &[T],
-        out: &mut Vec<T>,
+        dict: &D,
+        out: &mut Vec<D::Value>,
     ) -> Result<()> {
         let w = self.bit_width as usize;
         if w == 0 {
-            let v = *dict.first().ok_or_else(|| bad_index(0, 0))?;
+            let v = dict.get(0).ok_or_else(|| bad_index(0, 0))?;
             out.extend(std::iter::repeat_n(v, k));
             return Ok(());
         }
         let one = |i: usize| {
             let idx = self.unpack(start * 8 + (pos + i) * w);
             dict.get(idx as usize)
-                .copied()
                 .ok_or_else(|| bad_index(idx, dict.len()))
         };
         let mut i = 0;
@@ -325,7 +343,12 @@ impl Rle {
 }
 
 /// `dict[i]` for the indices in `src`: groups of 8 values of `w` bits (`w` bytes each).
-fn gather_groups<T: Copy>(w: usize, src: &[u8], dict: &[T], out: &mut Vec<T>) -> Result<()> {
+fn gather_groups<D: Dict + ?Sized>(
+    w: usize,
+    src: &[u8],
+    dict: &D,
+    out: &mut Vec<D::Value>,
+) -> Result<()> {
     let n = src.len() / w.max(1) * 8;
     let len = out.len();
     out.reserve(n);
@@ -339,7 +362,7 @@ fn gather_groups<T: Copy>(w: usize, src: &[u8], dict: &[T], out: &mut Vec<T>) ->
                         unpack8::<$w>(g.try_into().expect("w bytes"), &mut idx);
                         for (slot, &i) in o.iter_mut().zip(&idx) {
                             let v = dict.get(i as usize).ok_or_else(|| bad_index(i, dict.len()))?;
-                            slot.write(*v);
+                            slot.write(v);
                         }
                     }
                 })*
@@ -483,9 +506,9 @@ mod tests {
         assert!(Rle::new(Bytes::new(), 33).is_err());
         let mut d = Rle::new(Bytes::from(vec![0x04, 7]), 3).unwrap();
         let mut out = Vec::new();
-        assert!(d.gather(&[1i32, 2], 2, &mut out).is_err()); // index 7 of 2
+        assert!(d.gather(&[1i32, 2][..], 2, &mut out).is_err()); // index 7 of 2
         let mut d = Rle::new(Bytes::from(vec![0x04, 1]), 3).unwrap();
-        assert!(d.gather(&[1i32, 2], 3, &mut out).is_err()); // only 2 indices
+        assert!(d.gather(&[1i32, 2][..], 3, &mut out).is_err()); // only 2 indices
     }
 
     proptest! {
@@ -502,7 +525,7 @@ mod tests {
                 let skip = skip.min(values.len());
                 d.skip(skip).unwrap();
                 let mut out = Vec::new();
-                d.gather(&dict, values.len() - skip, &mut out).unwrap();
+                d.gather(&dict[..], values.len() - skip, &mut out).unwrap();
                 let want: Vec<u64> = values[skip..].iter().map(|&v| v as u64).collect();
                 prop_assert_eq!(out, want);
             }
@@ -513,7 +536,7 @@ mod tests {
             let _ = read_levels(data.clone(), bw, 500, 3);
             let mut d = Rle::new(Bytes::from(data), bw).unwrap();
             let mut out = Vec::new();
-            let _ = d.gather(&[0u8; 5], 500, &mut out);
+            let _ = d.gather(&[0u8; 5][..], 500, &mut out);
         }
     }
 }

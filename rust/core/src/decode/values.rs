@@ -11,7 +11,7 @@ use bytes::Bytes;
 use parquet::basic::Type as Physical;
 use parquet::errors::{ParquetError, Result};
 
-use super::rle::Rle;
+use super::rle::{Dict, Rle};
 
 /// An arrow primitive type read from one Parquet physical type, converted value by value as
 /// arrow-rs converts it (`INT32` to `Int8` truncates like `as i8`, to `UInt32` reinterprets).
@@ -100,6 +100,48 @@ pub(crate) fn plain<K: Kind>(data: &[u8], n: usize, out: &mut Vec<Native<K>>) ->
     Ok(())
 }
 
+/// A PLAIN dictionary page read in place: entries are converted as they are gathered, so a large
+/// dictionary whose entries are each used about once (ids, scores) is not copied first.
+pub(crate) struct PlainDict<'a, K: Kind> {
+    bytes: &'a [u8],
+    _kind: std::marker::PhantomData<K>,
+}
+
+impl<'a, K: Kind> PlainDict<'a, K> {
+    /// `bytes` holds exactly the entries (see [`dictionary`]).
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        PlainDict {
+            bytes,
+            _kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K: Kind> Dict for PlainDict<'_, K> {
+    type Value = Native<K>;
+    fn len(&self) -> usize {
+        self.bytes.len() / K::WIDTH
+    }
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<Native<K>> {
+        let at = i.checked_mul(K::WIDTH)?;
+        self.bytes.get(at..at + K::WIDTH).map(K::read)
+    }
+}
+
+/// The entries of a PLAIN dictionary page of `n` values: its first `n * WIDTH` bytes.
+pub(crate) fn dictionary<K: Kind>(buf: Bytes, n: usize) -> Result<Bytes> {
+    n.checked_mul(K::WIDTH)
+        .filter(|&b| b <= buf.len())
+        .map(|b| buf.slice(..b))
+        .ok_or_else(|| {
+            ParquetError::General(format!(
+                "dictionary page of {} bytes holds fewer than {n} values",
+                buf.len()
+            ))
+        })
+}
+
 /// Where a data page's values come from.
 pub(crate) enum Source {
     Plain { data: Bytes, pos: usize },
@@ -110,7 +152,7 @@ impl Source {
     pub(crate) fn read<K: Kind>(
         &mut self,
         n: usize,
-        dict: &[Native<K>],
+        dict: &[u8],
         out: &mut Vec<Native<K>>,
     ) -> Result<()> {
         if n == 0 {
@@ -122,7 +164,7 @@ impl Source {
                 *pos += n * K::WIDTH;
                 Ok(())
             }
-            Source::Dict(idx) => idx.gather(dict, n, out),
+            Source::Dict(idx) => idx.gather(&PlainDict::<K>::new(dict), n, out),
         }
     }
 
