@@ -52,6 +52,25 @@ pub struct Pieces {
     segments: Segments,
     /// A segment read ahead that did not continue the last piece.
     pending: Option<Segment>,
+    /// Rows in the pieces returned so far.
+    pos: u64,
+}
+
+/// A piece and where it starts among the rows of the sequence (the first piece at 0): readers
+/// cut their batches on multiples of the batch size in those coordinates, so that the stream's
+/// output batches, counted from the same start, are slices of one decoded batch, not copies
+/// gathered from two (see [`SegmentReader::open`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub seg: Segment,
+    pub pos: u64,
+}
+
+impl std::ops::Deref for Piece {
+    type Target = Segment;
+    fn deref(&self) -> &Segment {
+        &self.seg
+    }
 }
 
 /// Compressed bytes (what a piece holds in memory while it decodes) beyond which segments are
@@ -64,6 +83,7 @@ impl Pieces {
             catalog,
             segments,
             pending: None,
+            pos: 0,
         }
     }
 
@@ -84,8 +104,19 @@ impl Pieces {
 }
 
 impl Iterator for Pieces {
-    type Item = Segment;
-    fn next(&mut self) -> Option<Segment> {
+    type Item = Piece;
+    fn next(&mut self) -> Option<Piece> {
+        let seg = self.merged()?;
+        let pos = self.pos;
+        self.pos += seg.len;
+        Some(Piece { seg, pos })
+    }
+}
+
+impl Pieces {
+    /// The next segment, with the following ones of its row group taken in while ending it
+    /// would cost too much (see [`Costs::good_end`]).
+    fn merged(&mut self) -> Option<Segment> {
         let mut seg = self.next_segment()?;
         let catalog = self.catalog.clone();
         let shard = catalog.shard(seg.shard);
@@ -307,7 +338,7 @@ impl Drop for Prefetcher {
 
 fn decode_pieces(
     catalog: Arc<Catalog>,
-    pieces: impl Iterator<Item = Segment>,
+    pieces: impl Iterator<Item = Piece>,
     tx: SyncSender<Msg>,
     stop: Arc<AtomicBool>,
     batch_rows: usize,
@@ -396,7 +427,13 @@ mod tests {
         let range = 0..total;
         let segs = || Segments::new(plan.clone(), vec![range.clone()], cap).with_first_len(first);
         let plain: Vec<Segment> = segs().collect();
-        (Pieces::new(cat.clone(), segs()).collect(), plain)
+        let pieces: Vec<Piece> = Pieces::new(cat.clone(), segs()).collect();
+        let mut pos = 0;
+        for p in &pieces {
+            assert_eq!(p.pos, pos, "a piece's position is the rows before it");
+            pos += p.len;
+        }
+        (pieces.into_iter().map(|p| p.seg).collect(), plain)
     }
 
     fn rows(s: &[Segment]) -> Vec<(usize, usize, u64, u64)> {

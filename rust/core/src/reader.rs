@@ -19,9 +19,9 @@ use parquet::arrow::arrow_reader::{
 use crate::catalog::{Catalog, Shard};
 use crate::decode::{self, Batches};
 use crate::error::{shard_guard, Error, Result};
-use crate::plan::Segment;
+use crate::prefetch::Piece;
 
-/// Reads one [`Segment`] as record batches in the catalog's output schema.
+/// Reads one [`Piece`] as record batches in the catalog's output schema.
 pub struct SegmentReader {
     catalog: Arc<Catalog>,
     shard: usize,
@@ -34,14 +34,21 @@ pub struct SegmentReader {
 }
 
 impl SegmentReader {
-    pub fn open(catalog: Arc<Catalog>, seg: &Segment, batch_rows: usize) -> Result<Self> {
+    /// A reader of `piece` in batches of `batch_rows` rows, cut on multiples of `batch_rows`
+    /// counted from the start of the piece sequence (where a row group's columns all decode in
+    /// [`decode`]; arrow-rs readers cut from the piece's start).
+    pub fn open(catalog: Arc<Catalog>, piece: &Piece, batch_rows: usize) -> Result<Self> {
+        let seg = &piece.seg;
         let selection = vec![
             RowSelector::skip(seg.start as usize),
             RowSelector::select(seg.len as usize),
         ];
         let shard = catalog.shard(seg.shard);
+        let batch_rows = batch_rows.max(1);
+        let lead = batch_rows - (piece.pos % batch_rows as u64) as usize;
         let inner = Box::new(shard_guard(&shard.path, || {
             open_row_group(shard, seg.row_group, selection, batch_rows)
+                .map(|b| b.with_first_batch(lead))
         })?);
         let checks = utf8_checks(shard)?;
         Ok(SegmentReader {

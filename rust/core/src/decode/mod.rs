@@ -421,6 +421,8 @@ pub(crate) struct Batches {
     /// Selected rows not yet returned.
     left: usize,
     batch_rows: usize,
+    /// Rows of the next batch when every column is decoded here.
+    next_rows: usize,
 }
 
 impl Batches {
@@ -433,7 +435,15 @@ impl Batches {
             selection: VecDeque::new(),
             left: usize::MAX,
             batch_rows: 0,
+            next_rows: 0,
         }
+    }
+
+    /// Make the first batch `rows` rows (then `batch_rows` each) where every column is decoded
+    /// here; arrow-rs cuts its own batches.
+    pub(crate) fn with_first_batch(mut self, rows: usize) -> Self {
+        self.next_rows = rows.clamp(1, self.batch_rows.max(1));
+        self
     }
 
     /// `columns[i]` names where projected column `i` comes from: `Ok((name, decoder))` or
@@ -472,6 +482,7 @@ impl Batches {
             selection: merged,
             left,
             batch_rows: batch_rows.max(1),
+            next_rows: batch_rows.max(1),
         }
     }
 
@@ -492,7 +503,9 @@ impl Batches {
         };
         let n = match &rest {
             Some(b) => b.num_rows(),
-            None => self.left.min(self.batch_rows),
+            None => self
+                .left
+                .min(std::mem::replace(&mut self.next_rows, self.batch_rows)),
         };
         if n == 0 {
             return Ok(None);

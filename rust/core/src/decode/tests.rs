@@ -682,3 +682,54 @@ fn fetched_reads_only_what_it_holds() {
     assert!(f.get_bytes(0, 1).is_err());
     assert!(f.get_read(40).is_err());
 }
+
+#[test]
+fn first_batch_realigns_then_full_batches() {
+    let a: ArrayRef = Arc::new(Int64Array::from_iter_values(0..300));
+    let batch = RecordBatch::try_from_iter([("a", a)]).unwrap();
+    let s = Settings {
+        dictionary: true,
+        v2: false,
+        page_rows: 64,
+        row_group: 300,
+        encoding: 0,
+        compression: 0,
+    };
+    let file = write(&batch, &s);
+    let m = meta(&file);
+    let sel = vec![RowSelector::skip(10), RowSelector::select(290)];
+    let open = || {
+        open_row_group(
+            &m,
+            0,
+            &[0],
+            sel.clone(),
+            50,
+            file.len() as u64,
+            fetch_from(&file),
+            bad,
+        )
+        .unwrap()
+    };
+    let sizes = |mut b: Batches| {
+        let mut out = Vec::new();
+        while let Some((n, cols)) = b.next_batch().unwrap() {
+            let ids = cols[0].as_any().downcast_ref::<Int64Array>().unwrap();
+            out.push((n, ids.value(0)));
+        }
+        out
+    };
+    assert_eq!(
+        sizes(open().with_first_batch(7)),
+        vec![
+            (7, 10),
+            (50, 17),
+            (50, 67),
+            (50, 117),
+            (50, 167),
+            (50, 217),
+            (33, 267)
+        ]
+    );
+    assert_eq!(sizes(open()).first(), Some(&(50, 10)));
+}
