@@ -1,32 +1,49 @@
 #!/usr/bin/env python3
-"""shardstream benchmarks (``make bench``; ``python benches/bench.py --help``).
+"""shardstream benchmarks (``make bench``; ``python benches/bench.py --help``; ``--quick``).
 
-Measured on a generated shard set (cached under ./bench-data, reused between runs):
-id int64, tokens list<int32> with 64..512 items, short strings, zstd, page index.
+Measured on a generated shard set (cached under ./bench-data, reused between runs): id int64,
+tokens list<int32> with 64..512 items, text (short strings), score float64, zstd, page index.
+Every measurement runs in a fresh child process (forked from a server process that has
+imported pyarrow, torch and shardstream and run nothing else; --spawn: a new interpreter
+each time, which costs ~1.5 s of imports per run); the runs of one section are interleaved
+(A B C A B C ...), --runs times, and each figure is the median with its spread (min–max);
+the machine's 1-minute load average at the start of each run is printed beside it.  Rates
+are rows per second of wall time and rows per CPU-second (user + system time of every thread
+of the measuring process); ratios are shardstream / baseline, both measured in this run.
 
-  iter     batch iteration rows/s: ParquetStream(batch_size=1024, output="arrow",
-           columns=[id, tokens]) vs pyarrow ParquetFile.iter_batches, same files/columns
-  shuffle  the same with shuffle_buffer=100_000 (baseline: pyarrow sequential)
-  resume   fresh process: load_state_dict -> first batch at 1%/50%/99% of the data,
-           vs pyarrow skipping rows (naive: read and drop; and a row-group-seek variant)
-  state    state_dict() latency and size with shuffle buffer 0 / 10k / 100k rows
-  rss      peak RSS of the iteration runs (reported with iter/shuffle)
-  rows     row mode rows/s: ParquetStream(batch_size=None, output="python", columns=[id,
-           tokens]) vs HuggingFace datasets streaming Parquet (load_dataset("parquet",
-           streaming=True)), same files/columns, first --row-limit rows of the stream;
-           again with [id, label] (no list column to convert to Python lists)
-  resume-hf  fresh process, row mode: load -> first row at 1%/50%/99%: shardstream
-           load_state_dict vs datasets IterableDataset.load_state_dict and .skip(n)
-           (each HF run capped at --hf-cap seconds)
-  loader   DataLoader / torchdata StatefulDataLoader (num_workers=2, snapshot_every_n_steps=1)
-           batches/s over ParquetStream(batch_size=1024, output="torch", tokens as a list of
-           tensors) vs a plain pyarrow IterableDataset (iter_batches, shards split by
-           worker id), first --loader-batches batches
+  iter     (a) batch iteration, rows/s and rows/CPU-s: ParquetStream(batch_size=--batch-size,
+           output="arrow", other settings default) vs pyarrow ParquetFile.iter_batches at its
+           best of --pa-batch-sizes (each measured; the table says which won, for wall and
+           for CPU), same files and columns, for the workloads tokens [id, tokens], flat
+           [id, score], strings [id, text]; conditions: both cores free; shardstream with
+           readahead_threads=0; one core busy (a spinning process pinned to one core, for
+           both sides)
+  shuffle  (b) the same with shuffle_buffer=--shuffle-buffer (100,000; tokens; baseline:
+           pyarrow sequential), and its peak RSS against the buffer's rows' Arrow bytes
+  resume   (c) fresh process: ParquetStream + load_state_dict -> first batch at 1%/50%/99%,
+           shuffle buffers --buffers; the 99%/1% ratio per run; baseline (no buffer): pyarrow
+           reading and dropping rows, and jumping to the row group by footer row counts
+  state    (d) state_dict() latency p50/p90/p99/max, called after every batch while
+           iterating (--state-calls calls), shuffle buffers --buffers; pickled size
+  rss      (e) RSS after imports (bare interpreter, pyarrow, shardstream with numpy output,
+           with torch), peak RSS of every (a)/(b) run over its imports, and RSS per 1,000
+           shards (benches/startup.py's shard sets: open + first batch vs pyarrow.dataset)
+  rows     (f) row mode: ParquetStream(batch_size=None, output="python") vs HuggingFace
+           datasets streaming Parquet, first --row-limit rows, [id, tokens] and [id, label]
+  resume-hf  (g) row mode, fresh process: load -> first row at 1%/50%/99%: shardstream
+           load_state_dict vs datasets load_state_dict and .skip(n) (capped at --hf-cap s)
+  loader   (h) DataLoader / StatefulDataLoader, 2 workers, batch 1024, torch output, tokens
+           as a list of tensors, vs a plain pyarrow IterableDataset
+  ceiling  (i) StatefulDataLoader, 2 workers: ParquetStream(output="torch") for each
+           list_format (split, offsets, padded) and batch size (--ceiling-batch-sizes) vs the
+           loader's ceiling: a dataset that only yields fresh copies of pre-built batches of
+           the same shapes and types through the same loader
 
-Every measurement runs in a fresh child process (so peak RSS and "fresh process"
-resume numbers are clean); the baseline is measured in the same run.  The HuggingFace
-rows need `pip install 'datasets>=2.18'` (`make bench` installs the `bench` extra);
-without it they print "skipped: datasets not installed".
+(f) and (g) run once each (a datasets run takes seconds to tens of seconds).  Loader
+figures (h, i) are steady state: timed from the --warmup-th batch to the last, CPU of
+the main process and of both workers.  The HuggingFace rows need `pip install
+'datasets>=2.18'` (`make bench` installs the `bench` extra); without it they print
+"skipped: datasets not installed".
 """
 
 from __future__ import annotations
@@ -36,7 +53,6 @@ import json
 import os
 import pickle
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,11 +61,28 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-ALL = ("iter", "shuffle", "resume", "state", "rss", "rows", "resume-hf", "loader")
+sys.path.insert(0, HERE)
+
+import benchlib  # noqa: E402
+from benchlib import krows, load_range, mrows, print_table, summary, with_spread  # noqa: E402
+
+ALL = ("iter", "shuffle", "resume", "state", "rss", "rows", "resume-hf", "loader", "ceiling")
 COLUMNS = ["id", "tokens"]
+WORKLOADS = {"tokens": ["id", "tokens"], "flat": ["id", "score"], "strings": ["id", "text"]}
+WORKLOAD_LABEL = {
+    "tokens": "[id, tokens] list<int32> 64–512",
+    "flat": "[id, score] int64, float64",
+    "strings": "[id, text] short strings",
+}
+CONDITIONS = ("free", "ra0", "busy")
+CONDITION_LABEL = {
+    "free": "2 cores free",
+    "ra0": "readahead_threads=0",
+    "busy": "one core busy",
+}
 BATCH = 1024
 TOKENS_LEN = (64, 513)  # half-open: 64..512 tokens per row
-
+FRACS = [0.01, 0.5, 0.99]
 
 # =========================================================================== child side
 
@@ -71,48 +104,45 @@ def _mem() -> dict[str, float]:
     return {"rss": out.get("VmRSS", 0.0), "peak": out.get("VmHWM", 0.0)}
 
 
-def _files(data: str) -> list[str]:
+def shard_files(data: str) -> list[str]:
     return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".parquet"))
 
 
-def _ss_iter(data: str, shuffle_buffer: int, repeat: int) -> dict[str, Any]:
+def _stream(data: str, columns: list[str], **kw: Any) -> Any:
     from shardstream import ParquetStream
 
-    ds = ParquetStream(
-        data, columns=COLUMNS, batch_size=BATCH, output="arrow", shuffle_buffer=shuffle_buffer
-    )
-    times, rows = [], 0
-    for _ in range(repeat):
-        t = time.perf_counter()
-        rows = 0
-        for b in ds:
-            rows += b.num_rows
-        times.append(time.perf_counter() - t)
-    return {"seconds": min(times), "rows": rows}
+    kw.setdefault("batch_size", BATCH)
+    kw.setdefault("output", "arrow")
+    if kw.get("readahead_threads", 0) is None:
+        del kw["readahead_threads"]
+    return ParquetStream(data, columns=columns, **kw)
 
 
-def _pa_iter(data: str, repeat: int) -> dict[str, Any]:
-    import pyarrow.parquet as pq
+def _pass(spec: dict) -> dict[str, Any]:
+    """(a)/(b): whole passes over the data until --min-time, wall and CPU time."""
+    from shardstream.cli.bench import pa_batches, timed_passes
 
-    times, rows = [], 0
-    for _ in range(repeat):
-        t = time.perf_counter()
-        rows = 0
-        for path in _files(data):
-            for b in pq.ParquetFile(path).iter_batches(batch_size=BATCH, columns=COLUMNS):
-                rows += b.num_rows
-        times.append(time.perf_counter() - t)
-    return {"seconds": min(times), "rows": rows}
+    data, cols, bs = spec["data"], spec["columns"], spec["batch_size"]
+    if spec["src"] == "ss":
+        ds = _stream(
+            data,
+            cols,
+            batch_size=bs,
+            shuffle_buffer=spec.get("shuffle_buffer", 0),
+            readahead_threads=spec.get("readahead_threads"),
+        )
+        r = timed_passes(lambda: ds, spec["min_seconds"])
+    else:
+        files = shard_files(data)
+        r = timed_passes(lambda: pa_batches(files, cols, bs), spec["min_seconds"])
+    r["rows_per_pass"] = r["rows"] // r["passes"]
+    return r
 
 
-def _ss_make_states(data: str, shuffle_buffer: int, fracs: list[float], out: str) -> dict:
+def save_states(data: str, shuffle_buffer: int, fracs: list[float], out: str) -> dict:
     """Iterate once; save state_dict() right after the first batch ending at/after each
     fraction of the rows.  Returns {frac: (rows_before, first_id_of_next_batch)}."""
-    from shardstream import ParquetStream
-
-    ds = ParquetStream(
-        data, columns=COLUMNS, batch_size=BATCH, output="arrow", shuffle_buffer=shuffle_buffer
-    )
+    ds = _stream(data, COLUMNS, shuffle_buffer=shuffle_buffer)
     n = ds.num_rows
     # Clamp so that a batch always follows the saved position (tiny --rows).
     targets = sorted((max(1, min(int(f * n), n - 2 * BATCH)), f) for f in fracs)
@@ -140,97 +170,69 @@ def _ss_make_states(data: str, shuffle_buffer: int, fracs: list[float], out: str
 
 
 def _ss_resume(data: str, shuffle_buffer: int, states_file: str, key: str) -> dict:
+    from shardstream.cli.bench import time_resume
+
     with open(states_file, "rb") as f:
         st = pickle.load(f)[key]
-    t0 = time.perf_counter()
-    from shardstream import ParquetStream
-
-    ds = ParquetStream(
-        data, columns=COLUMNS, batch_size=BATCH, output="arrow", shuffle_buffer=shuffle_buffer
+    ctor, resume, b = time_resume(
+        lambda: _stream(data, COLUMNS, shuffle_buffer=shuffle_buffer), st["state"]
     )
-    t1 = time.perf_counter()
-    ds.load_state_dict(st["state"])
-    b = next(iter(ds))
-    t2 = time.perf_counter()
     return {
-        "ctor_ms": (t1 - t0) * 1e3,
-        "resume_ms": (t2 - t1) * 1e3,
+        "ctor_ms": ctor * 1e3,
+        "resume_ms": resume * 1e3,
         "first_id": int(b.column(0)[0].as_py()),
         "expected_first_id": st.get("next_first_id"),
     }
 
 
 def _pa_skip(data: str, rows_before: int, seek: bool) -> dict:
-    """Baselines: reach row `rows_before` and produce the next batch with pyarrow.
-    seek=False: read and drop batches (what a generic 'skip N' resume does).
-    seek=True: use footer row counts to jump to the row group, then drop the remainder."""
-    return pa_skip_to(_files(data), rows_before, seek)
+    """Baselines: reach row `rows_before` and produce the next batch with pyarrow (read and
+    drop, or jump to the row group by the footers' row counts)."""
+    from shardstream.cli.bench import pa_skip_to
+
+    return pa_skip_to(shard_files(data), rows_before, seek, COLUMNS, BATCH)
 
 
-def pa_skip_to(sources: Any, rows_before: int, seek: bool) -> dict:
-    """:func:`_pa_skip` over `sources`: anything `pyarrow.parquet.ParquetFile` opens (paths,
-    or files of a pyarrow filesystem opened lazily, so opening them is timed too)."""
-    import pyarrow.parquet as pq
+def _ss_state_latency(data: str, shuffle_buffer: int, calls: int) -> dict:
+    """(d): state_dict() after every batch, once the shuffle buffer is full (endless epochs,
+    so the calls do not run out)."""
+    from shardstream.cli.bench import percentile, state_dict_latencies
 
-    t0 = time.perf_counter()
-    left = rows_before
-    first_id = None
-    for source in sources:
-        pf = pq.ParquetFile(source)
-        if seek:
-            if left >= pf.metadata.num_rows:
-                left -= pf.metadata.num_rows
-                continue
-            rgs = []
-            for g in range(pf.metadata.num_row_groups):
-                nrg = pf.metadata.row_group(g).num_rows
-                if not rgs and left >= nrg:
-                    left -= nrg
-                    continue
-                rgs.append(g)
-            it = pf.iter_batches(batch_size=BATCH, columns=COLUMNS, row_groups=rgs)
-        else:
-            it = pf.iter_batches(batch_size=BATCH, columns=COLUMNS)
-        for b in it:
-            if left >= b.num_rows:
-                left -= b.num_rows
-                continue
-            b = b.slice(left)
-            first_id = int(b.column(0)[0].as_py())
-            break
-        if first_id is not None:
-            break
-    return {"resume_ms": (time.perf_counter() - t0) * 1e3, "first_id": first_id}
-
-
-def _ss_state_latency(data: str, shuffle_buffer: int, frac: float, calls: int) -> dict:
-    from shardstream import ParquetStream
-
-    ds = ParquetStream(
-        data, columns=COLUMNS, batch_size=BATCH, output="arrow", shuffle_buffer=shuffle_buffer
+    ds = _stream(data, COLUMNS, shuffle_buffer=shuffle_buffer, epochs=None)
+    lat, state = state_dict_latencies(ds, calls, after_rows=shuffle_buffer)
+    lat.sort()
+    out = {f"p{q}_us": percentile(lat, q) * 1e6 for q in (50, 90, 99)}
+    out.update(
+        max_us=lat[-1] * 1e6,
+        calls=len(lat),
+        pickled_bytes=len(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)),
     )
-    target = max(BATCH, int(frac * ds.num_rows))
-    seen = 0
-    it = iter(ds)
-    for b in it:
-        seen += b.num_rows
-        if seen >= target:
-            break
-    lat = []
-    state = None
-    deadline = time.perf_counter() + 5.0
-    for _ in range(calls):
-        t = time.perf_counter()
-        state = ds.state_dict()
-        lat.append(time.perf_counter() - t)
-        if time.perf_counter() > deadline:
-            break
-    size = len(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    return out
+
+
+def _imports(mode: str, data: str) -> dict:
+    """(e): RSS of a fresh interpreter after importing what `mode` needs (and, for
+    shardstream, opening the data and reading one batch)."""
+    t = time.perf_counter()
+    first = None
+    if mode == "pyarrow":
+        import pyarrow.parquet  # noqa: F401
+    elif mode in ("numpy", "torch"):
+        if mode == "torch":
+            import torch  # noqa: F401
+        from shardstream import ParquetStream
+
+        t_first = time.perf_counter()
+        ds = ParquetStream(data, columns=COLUMNS, batch_size=BATCH, output=mode)
+        next(iter(ds))
+        first = (time.perf_counter() - t_first) * 1e3
+    m = _mem()
     return {
-        "median_us": statistics.median(lat) * 1e6,
-        "max_us": max(lat) * 1e6,
-        "calls": len(lat),
-        "pickled_bytes": size,
+        "rss_mb": m["rss"],
+        "peak_mb": m["peak"],
+        "seconds": time.perf_counter() - t,
+        "first_batch_ms": first,
+        "torch_imported": "torch" in sys.modules,
     }
 
 
@@ -262,13 +264,14 @@ def _hf_load(data: str, cache: str, columns: list[str] = COLUMNS) -> Any:
 
     datasets.logging.set_verbosity_error()
     return datasets.load_dataset(
-        "parquet", data_files=_files(data), split="train", streaming=True, columns=columns
+        "parquet", data_files=shard_files(data), split="train", streaming=True, columns=columns
     )
 
 
 def _rows_loop(it: Any, limit: int, cap: float) -> dict[str, Any]:
-    """Consume up to `limit` rows (dicts) of `it`, stopping after `cap` s; ids checksummed."""
-    t = time.perf_counter()
+    """Consume up to `limit` rows (dicts) of `it`, stopping after `cap` s; ids checksummed.
+    Wall and CPU time (every thread of this process) include the first row."""
+    t, c = time.perf_counter(), time.process_time()
     first_ms = None
     rows = id_sum = 0
     for row in it:
@@ -280,6 +283,7 @@ def _rows_loop(it: Any, limit: int, cap: float) -> dict[str, Any]:
             break
     return {
         "seconds": time.perf_counter() - t,
+        "cpu_seconds": time.process_time() - c,
         "rows": rows,
         "id_sum": id_sum,
         "first_ms": first_ms,
@@ -349,7 +353,7 @@ def _hf_states(data: str, positions: list[int], out: str, cache: str) -> dict:
     resumes at row k."""
     import pyarrow.parquet as pq
 
-    counts = [pq.ParquetFile(p).metadata.num_rows for p in _files(data)]
+    counts = [pq.ParquetFile(p).metadata.num_rows for p in shard_files(data)]
 
     def point_at_shard(st: Any, shard: int) -> int:
         n = 0
@@ -442,13 +446,109 @@ def _pa_torch_dataset(files: list[str]) -> Any:
     return PyarrowShards()
 
 
-def _loader(data: str, src: str, loader: str, workers: int, max_batches: int) -> dict:
-    if src == "ss":
-        from shardstream import ParquetStream
+def _recipe(value: Any) -> Any:
+    """How to rebuild a batch value with fresh storage: a tensor is cloned; a list of tensors
+    (list_format="split": views of one values tensor) becomes one values tensor split again;
+    tuples (offsets, padded) part by part."""
+    import torch
 
-        ds = ParquetStream(data, columns=COLUMNS, batch_size=BATCH, output="torch")
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value)
+    if isinstance(value, tuple):
+        return ("tuple", [_recipe(v) for v in value])
+    if isinstance(value, list) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return ("split", torch.cat(value), [len(v) for v in value])
+    return ("object", value)
+
+
+def _fresh(recipe: Any) -> Any:
+    import copy
+
+    import torch
+
+    kind = recipe[0]
+    if kind == "tensor":
+        return recipe[1].clone()
+    if kind == "tuple":
+        return tuple(_fresh(r) for r in recipe[1])
+    if kind == "split":
+        return list(torch.split(recipe[1].clone(), recipe[2]))
+    return copy.deepcopy(recipe[1])
+
+
+def _null_dataset(templates: list[dict]) -> Any:
+    """The loader's ceiling: yields, forever, fresh copies of pre-built batches (fresh storage
+    each time, as a reader's are: a tensor already in shared memory would cross the process
+    boundary without a copy)."""
+    from torch.utils.data import IterableDataset
+
+    recipes = [{k: _recipe(v) for k, v in t.items()} for t in templates]
+
+    class NullBatches(IterableDataset):
+        def __iter__(self) -> Any:
+            while True:
+                for r in recipes:
+                    yield {k: _fresh(v) for k, v in r.items()}
+
+    return NullBatches()
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid`, all threads (Linux /proc; else None)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_with_workers(it: Any) -> float | None:
+    """CPU seconds of this process and of the loader iterator's worker processes."""
+    total = time.process_time()
+    for w in getattr(it, "_workers", None) or []:
+        c = _proc_cpu(w.pid)
+        if c is None:
+            return None
+        total += c
+    return total
+
+
+def _loader_run(dl: Any, batches: int, warmup: int, check: Any = None) -> dict:
+    """Steady state of a loader: from the `warmup`-th batch received to the `batches`-th,
+    wall time and CPU time of the main process plus its workers."""
+    it = iter(dl)
+    rows = n = 0
+    t0 = c0 = None
+    r0 = 0
+    for b in it:
+        n += 1
+        if check is not None:
+            check(b)
+        rows += len(b["id"])
+        if n == warmup:
+            t0, c0, r0 = time.perf_counter(), _cpu_with_workers(it), rows
+        if n >= batches:
+            break
+    if t0 is None:
+        raise SystemExit(f"loader yielded {n} batches, fewer than the warm-up ({warmup})")
+    seconds = time.perf_counter() - t0
+    c1 = _cpu_with_workers(it)
+    del it, dl  # shut the workers down before measuring peak RSS
+    return {
+        "seconds": seconds,
+        "cpu_seconds": None if c0 is None or c1 is None else c1 - c0,
+        "batches": n - warmup,
+        "rows": rows - r0,
+    }
+
+
+def _loader(data: str, src: str, loader: str, workers: int, batches: int, warmup: int) -> dict:
+    """(h): a DataLoader / StatefulDataLoader over ParquetStream or a pyarrow dataset."""
+    if src == "ss":
+        ds = _stream(data, COLUMNS, output="torch")
     else:
-        ds = _pa_torch_dataset(_files(data))
+        ds = _pa_torch_dataset(shard_files(data))
     if loader == "sdl":
         from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -457,39 +557,55 @@ def _loader(data: str, src: str, loader: str, workers: int, max_batches: int) ->
         from torch.utils.data import DataLoader
 
         dl = DataLoader(ds, batch_size=None, num_workers=workers)
-    t = time.perf_counter()
-    batches = rows = 0
-    for b in dl:
+
+    def check(b: Any) -> None:
         assert isinstance(b["tokens"], list)
-        batches += 1
-        rows += len(b["id"])
-        if max_batches and batches >= max_batches:
-            break
-    seconds = time.perf_counter() - t
-    del dl  # shut the workers down before measuring peak RSS
-    return {"seconds": seconds, "batches": batches, "rows": rows}
+
+    return _loader_run(dl, batches, warmup, check)
+
+
+def _ceiling(
+    data: str, src: str, list_format: str, batch_size: int, batches: int, warmup: int
+) -> dict:
+    """(i): StatefulDataLoader, 2 workers, over ParquetStream(output="torch", list_format) or
+    over the null dataset yielding its first batches again and again."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def stream(**kw: Any) -> Any:
+        return _stream(
+            data, COLUMNS, batch_size=batch_size, output="torch", list_format=list_format, **kw
+        )
+
+    if src == "ss":
+        ds = stream()
+    else:  # read here without readahead threads: the loader forks this process
+        it = iter(stream(readahead_threads=0))
+        ds = _null_dataset([next(it) for _ in range(8)])
+        del it
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2, snapshot_every_n_steps=1)
+    return _loader_run(dl, batches, warmup)
 
 
 def child_main(spec: dict) -> dict:
     kind = spec["kind"]
     data = spec["data"]
+    if kind == "imports":  # measures the imports themselves: nothing imported before
+        return _imports(spec["mode"], data)
     # Import both libraries up front in every child so the RSS baselines are comparable.
     import pyarrow.parquet  # noqa: F401
     import shardstream  # noqa: F401  (imports torch when present)
 
     base = _mem()["rss"]
-    if kind == "ss_iter":
-        r = _ss_iter(data, spec["shuffle_buffer"], spec["repeat"])
-    elif kind == "pa_iter":
-        r = _pa_iter(data, spec["repeat"])
+    if kind == "pass":
+        r = _pass(spec)
     elif kind == "ss_states":
-        r = _ss_make_states(data, spec["shuffle_buffer"], spec["fracs"], spec["out"])
+        r = save_states(data, spec["shuffle_buffer"], spec["fracs"], spec["out"])
     elif kind == "ss_resume":
         r = _ss_resume(data, spec["shuffle_buffer"], spec["states"], spec["key"])
     elif kind == "pa_skip":
         r = _pa_skip(data, spec["rows_before"], spec["seek"])
     elif kind == "ss_state":
-        r = _ss_state_latency(data, spec["shuffle_buffer"], spec["frac"], spec["calls"])
+        r = _ss_state_latency(data, spec["shuffle_buffer"], spec["calls"])
     elif kind == "ss_rows":
         r = _ss_rows(data, spec["limit"], spec["columns"])
     elif kind == "hf_rows":
@@ -503,7 +619,18 @@ def child_main(spec: dict) -> dict:
     elif kind == "hf_resume":
         r = _hf_resume(data, spec["mode"], spec["k"], spec["states"], spec["cap"], spec["hf_cache"])
     elif kind == "loader":
-        r = _loader(data, spec["src"], spec["loader"], spec["workers"], spec["max_batches"])
+        r = _loader(
+            data, spec["src"], spec["loader"], spec["workers"], spec["batches"], spec["warmup"]
+        )
+    elif kind == "ceiling":
+        r = _ceiling(
+            data,
+            spec["src"],
+            spec["list_format"],
+            spec["batch_size"],
+            spec["batches"],
+            spec["warmup"],
+        )
     else:
         raise SystemExit(f"unknown child kind {kind!r}")
     m = _mem()
@@ -539,17 +666,28 @@ def _hf_child(spec: dict) -> Any:
         return "failed (child timed out)"
 
 
+PRELOAD = ["pyarrow.parquet", "shardstream", "shardstream.cli.bench"]
+SPAWN = {"always": False}  # --spawn: a new interpreter for every run
+
+
 def run_child(spec: dict, timeout: float = 1800) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        sys.stderr.write(p.stdout + p.stderr)
-        raise RuntimeError(f"benchmark child {spec['kind']} failed (exit {p.returncode})")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    """One measurement in a fresh process: forked from the preloaded server, or a new
+    interpreter for --spawn and for (e)'s imports (which measure the imports)."""
+    if SPAWN["always"] or spec["kind"] == "imports" or not benchlib.forkserver_available():
+        return benchlib.run_child(__file__, spec, timeout)
+    return benchlib.run_forked(child_main, spec, PRELOAD, timeout)
+
+
+def status(msg: str) -> None:
+    print(f"# {msg}", file=sys.stderr, flush=True)
 
 
 def ensure_data(root: str, rows: int, shards: int) -> str:
-    """Generate (once) and return the data directory for this size."""
+    """Generate (once) and return the data directory for this size: datagen's shards
+    (uneven row groups) with a float64 `score` column added to every row group."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from shardstream.datagen import write_shards
 
     params = {
@@ -558,7 +696,8 @@ def ensure_data(root: str, rows: int, shards: int) -> str:
         "tokens_len": list(TOKENS_LEN),
         "compression": "zstd",
         "page_index": True,
-        "v": 1,
+        "score": "float64",
+        "v": 2,
     }
     d = os.path.join(root, f"rows{rows}-shards{shards}")
     marker = os.path.join(d, "params.json")
@@ -572,7 +711,7 @@ def ensure_data(root: str, rows: int, shards: int) -> str:
     per = [rows // shards + (1 if i < rows % shards else 0) for i in range(shards)]
     print(f"# generating {rows:,} rows in {shards} shards under {d} ...", flush=True)
     t = time.perf_counter()
-    write_shards(
+    paths = write_shards(
         d,
         num_shards=shards,
         rows_per_shard=per,
@@ -581,6 +720,21 @@ def ensure_data(root: str, rows: int, shards: int) -> str:
         page_index=True,
         seed=0,
     )
+    mix = np.uint64(0x9E3779B97F4A7C15)
+    for path in paths:  # rewrite each shard row group by row group, with `score` appended
+        src = pq.ParquetFile(path)
+        schema = src.schema_arrow.append(pa.field("score", pa.float64(), nullable=False))
+        tmp = path + ".tmp"
+        with pq.ParquetWriter(tmp, schema, compression="zstd", write_page_index=True) as w:
+            for g in range(src.metadata.num_row_groups):
+                t_g = src.read_row_group(g)
+                ids = t_g.column("id").to_numpy().astype(np.uint64)
+                score = ((ids * mix) >> np.uint64(11)).astype(np.float64) / 2.0**53
+                w.write_table(
+                    t_g.append_column(schema.field("score"), pa.array(score)),
+                    row_group_size=max(t_g.num_rows, 1),
+                )
+        os.replace(tmp, path)
     with open(marker, "w") as f:
         json.dump(params, f)
     print(f"# generated in {time.perf_counter() - t:.1f}s", flush=True)
@@ -588,28 +742,944 @@ def ensure_data(root: str, rows: int, shards: int) -> str:
 
 
 def warm_cache(data: str) -> None:
-    for p in _files(data):
+    for p in shard_files(data):
         with open(p, "rb") as f:
             while f.read(1 << 24):
                 pass
+
+
+def arrow_row_bytes(data: str, columns: list[str]) -> float:
+    """Mean Arrow bytes per row of `columns` (what one buffered row holds)."""
+    import pyarrow.parquet as pq
+
+    rows = nbytes = 0
+    for p in shard_files(data):
+        t = pq.read_table(p, columns=columns)
+        rows += t.num_rows
+        nbytes += t.nbytes
+    return nbytes / max(rows, 1)
 
 
 def fmt_rate(rows: int, s: float) -> str:
     return f"{rows / s / 1e6:.2f} M rows/s ({s:.2f} s)"
 
 
+def _wall(r: dict) -> float:
+    return r["rows"] / r["seconds"]
+
+
+def _cpu(r: dict) -> float:
+    return r["rows"] / r["cpu_seconds"] if r.get("cpu_seconds") else float("nan")
+
+
+def _med(runs: list[dict], rate: Any) -> float:
+    return summary([rate(r) for r in runs])["median"]
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b == b and a == a and b > 0 else "-"
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", ROOT, "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+class Bench:
+    """One `bench.py` run: the data, the options, the results so far."""
+
+    def __init__(self, args: argparse.Namespace, data: str) -> None:
+        self.args = args
+        self.data = data
+        self.results: dict[str, Any] = {}
+        self.base = {"data": data}
+        self.passes: dict[tuple[str, str, str], list[dict]] = {}
+
+    # ------------------------------------------------------------------ (a), (b): passes
+
+    def label(self, condition: str) -> str:
+        if condition == "shuffle":
+            return f"shuffle_buffer={self.args.shuffle_buffer:,}"
+        return CONDITION_LABEL[condition]
+
+    def pass_configs(self, which: list[str]) -> list[tuple[str, str, str, dict]]:
+        """(workload, condition, variant, child spec) of every run of (a)/(b), in the
+        order one round runs them."""
+        a = self.args
+        out = []
+        pa_sizes = a.pa_batch_sizes
+        conds = [c for c in a.conditions if c != "busy" or benchlib.busy_core_available()]
+
+        def pa(wl: str, cond: str) -> None:
+            for bs in pa_sizes:
+                spec = {"kind": "pass", "src": "pa", "columns": WORKLOADS[wl], "batch_size": bs}
+                out.append((wl, cond, f"pa{bs}", spec))
+
+        def ss(wl: str, cond: str, variant: str, **kw: Any) -> None:
+            spec = {
+                "kind": "pass",
+                "src": "ss",
+                "columns": WORKLOADS[wl],
+                "batch_size": a.batch_size,
+                **kw,
+            }
+            out.append((wl, cond, variant, spec))
+
+        workloads = a.workloads if "iter" in which else []
+        for wl in workloads:
+            for cond in conds:
+                if cond in ("free", "busy"):
+                    pa(wl, cond)
+                if cond == "ra0":
+                    ss(wl, "free", "ss_ra0", readahead_threads=0)
+                else:
+                    ss(wl, cond, "ss")
+        if "shuffle" in which:
+            if "tokens" not in workloads or "free" not in conds:
+                pa("tokens", "free")
+            ss("tokens", "free", "ss_shuffle", shuffle_buffer=a.shuffle_buffer)
+        for *_, spec in out:
+            spec.update(self.base, min_seconds=a.min_time)
+        return out
+
+    def run_passes(self, which: list[str]) -> None:
+        configs = self.pass_configs(which)
+        if not configs:
+            return
+        n = self.args.runs
+        free = [c for c in configs if c[1] != "busy"]
+        busy = [c for c in configs if c[1] == "busy"]
+        for i in range(n):
+            for wl, cond, variant, spec in free:
+                status(f"(a/b) run {i + 1}/{n}: {wl}, {CONDITION_LABEL[cond]}, {variant}")
+                self.passes.setdefault((wl, cond, variant), []).append(run_child(spec))
+            if busy:
+                with benchlib.busy_core() as core:
+                    for wl, cond, variant, spec in busy:
+                        status(f"(a/b) run {i + 1}/{n}: {wl}, core {core} busy, {variant}")
+                        r = run_child(spec)
+                        self.passes.setdefault((wl, cond, variant), []).append(r)
+        for (wl, cond, variant), runs in self.passes.items():
+            for r in runs:
+                if r["rows_per_pass"] != self.args.rows or r["rows"] % self.args.rows:
+                    raise SystemExit(
+                        f"{wl} {cond} {variant}: {r['rows']} rows in {r['passes']} passes, "
+                        f"expected {self.args.rows:,} per pass"
+                    )
+        self.results["passes"] = {"/".join(k): v for k, v in self.passes.items()}
+
+    def pa_best(self, wl: str, cond: str, rate: Any) -> tuple[int, list[dict]] | None:
+        """pyarrow's best batch size for this workload and condition, by median `rate`."""
+        cands = [(bs, self.passes.get((wl, cond, f"pa{bs}"))) for bs in self.args.pa_batch_sizes]
+        cands = [(bs, runs) for bs, runs in cands if runs]
+        if not cands:
+            return None
+        return max(cands, key=lambda c: _med(c[1], rate))
+
+    def table_passes(self) -> None:
+        if not self.passes:
+            return
+        a = self.args
+        rows = []
+        order = [("free", "ss"), ("free", "ss_ra0"), ("busy", "ss"), ("free", "ss_shuffle")]
+        for wl in WORKLOADS:
+            for cond, variant in order:
+                ss = self.passes.get((wl, cond, variant))
+                if not ss:
+                    continue
+                bw, bc = self.pa_best(wl, cond, _wall), self.pa_best(wl, cond, _cpu)
+                label = {"ss_ra0": "ra0", "ss_shuffle": "shuffle"}.get(variant, cond)
+                pa_w = pa_c = "-"
+                rw = rc = "-"
+                runs_all = list(ss)
+                if bw and bc:
+                    pa_w = f"{with_spread([_wall(r) for r in bw[1]], mrows)} @{bw[0]}"
+                    pa_c = f"{with_spread([_cpu(r) for r in bc[1]], mrows)} @{bc[0]}"
+                    rw = _ratio(_med(ss, _wall), _med(bw[1], _wall))
+                    rc = _ratio(_med(ss, _cpu), _med(bc[1], _cpu))
+                    runs_all += bw[1] + bc[1]
+                rows.append(
+                    [
+                        WORKLOAD_LABEL[wl],
+                        self.label(label),
+                        with_spread([_wall(r) for r in ss], mrows),
+                        with_spread([_cpu(r) for r in ss], mrows),
+                        pa_w,
+                        pa_c,
+                        rw,
+                        rc,
+                        load_range(runs_all),
+                    ]
+                )
+        print_table(
+            rows,
+            [
+                "workload",
+                "condition",
+                "shardstream M rows/s",
+                "M rows/CPU-s",
+                "pyarrow best M rows/s @batch",
+                "M rows/CPU-s @batch",
+                "wall ratio",
+                "CPU ratio",
+                "load",
+            ],
+            f'(a)/(b) iteration, shardstream batch_size={a.batch_size}, output="arrow", '
+            f"defaults, vs pyarrow iter_batches at its best batch size of "
+            f"{'/'.join(map(str, a.pa_batch_sizes))} (per metric); median (min–max) of "
+            f"{a.runs} fresh processes, each >= {a.min_time:g} s of whole passes",
+        )
+        rows = []
+        for wl in WORKLOADS:
+            for cond in ("free", "busy"):
+                if not self.pa_best(wl, cond, _wall):
+                    continue
+                bw, bc = self.pa_best(wl, cond, _wall), self.pa_best(wl, cond, _cpu)
+                cells = []
+                for bs in a.pa_batch_sizes:
+                    runs = self.passes.get((wl, cond, f"pa{bs}"))
+                    if not runs:
+                        cells.append("-")
+                        continue
+                    mark = "".join(m for m, b in (("W", bw), ("C", bc)) if b and b[0] == bs)
+                    cells.append(
+                        f"{mrows(_med(runs, _wall))} / {mrows(_med(runs, _cpu))}"
+                        + (f" ({mark})" if mark else "")
+                    )
+                rows.append([WORKLOAD_LABEL[wl], CONDITION_LABEL[cond], *cells])
+        print_table(
+            rows,
+            [
+                "workload",
+                "condition",
+                *[f"batch {bs}: M rows/s / M rows/CPU-s" for bs in a.pa_batch_sizes],
+            ],
+            "pyarrow iter_batches by batch size (medians; W = best wall, C = best CPU)",
+        )
+
+    # ------------------------------------------------------------------ (c) resume
+
+    def resume(self) -> None:
+        a = self.args
+        res: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory(prefix="ssbench-") as tmp:
+            info: dict[int, dict] = {}
+            for sb in a.buffers:
+                status(f"(c) resume states (shuffle_buffer={sb})")
+                sf = os.path.join(tmp, f"states-{sb}.pkl")
+                info[sb] = run_child(
+                    {
+                        **self.base,
+                        "kind": "ss_states",
+                        "shuffle_buffer": sb,
+                        "fracs": FRACS,
+                        "out": sf,
+                    }
+                )
+                info[sb]["file"] = sf
+            for i in range(a.runs):
+                for sb in a.buffers:
+                    for f in FRACS:
+                        k = repr(f)
+                        status(f"(c) run {i + 1}/{a.runs}: resume at {f:.0%}, buffer {sb}")
+                        r = run_child(
+                            {
+                                **self.base,
+                                "kind": "ss_resume",
+                                "shuffle_buffer": sb,
+                                "states": info[sb]["file"],
+                                "key": k,
+                            }
+                        )
+                        if r["first_id"] != info[sb][k]["next_first_id"]:
+                            raise SystemExit(
+                                f"resume at {f}: first id {r['first_id']} != "
+                                f"{info[sb][k]['next_first_id']} (shuffle_buffer={sb})"
+                            )
+                        res.setdefault(f"ss/{sb}/{k}", []).append(r)
+                for f in FRACS if 0 in a.buffers else []:  # pyarrow: compared without a buffer
+                    k = repr(f)
+                    rows_before = info[0][k]["rows_before"]
+                    for seek in (False, True):
+                        status(f"(c) run {i + 1}/{a.runs}: pyarrow to {f:.0%} (seek={seek})")
+                        r = run_child(
+                            {
+                                **self.base,
+                                "kind": "pa_skip",
+                                "rows_before": rows_before,
+                                "seek": seek,
+                            }
+                        )
+                        if r["first_id"] != rows_before:  # ids are consecutive from 0
+                            raise SystemExit(f"pyarrow skip baseline wrong at {f}: {r}")
+                        res.setdefault(f"pa/{'seek' if seek else 'drop'}/{k}", []).append(r)
+        self.results["resume"] = res
+
+        def ms(x: float) -> str:
+            return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+        rows = []
+        for sb in a.buffers:
+            for f in FRACS:
+                k = repr(f)
+                ss = res[f"ss/{sb}/{k}"]
+                pa_cells = ["-", "-"]
+                if sb == 0:
+                    drop, seek = res[f"pa/drop/{k}"], res[f"pa/seek/{k}"]
+                    pa_cells = [with_spread([r["resume_ms"] for r in x], ms) for x in (drop, seek)]
+                rows.append(
+                    [
+                        f"{sb:,}",
+                        f"{f:.0%} (row {info[sb][k]['rows_before']:,})",
+                        with_spread([r["resume_ms"] for r in ss], ms),
+                        with_spread([r["ctor_ms"] for r in ss], ms),
+                        *pa_cells,
+                        load_range(ss),
+                    ]
+                )
+            lo, hi = res[f"ss/{sb}/{FRACS[0]!r}"], res[f"ss/{sb}/{FRACS[-1]!r}"]
+            per_run = [h["resume_ms"] / low["resume_ms"] for low, h in zip(lo, hi, strict=True)]
+            pa_flat = "-"
+            if sb == 0:
+                d_lo = res[f"pa/drop/{FRACS[0]!r}"]
+                d_hi = res[f"pa/drop/{FRACS[-1]!r}"]
+                pa_flat = "read+drop " + with_spread(
+                    [h["resume_ms"] / low["resume_ms"] for low, h in zip(d_lo, d_hi, strict=True)],
+                    lambda x: f"{x:.1f}x",
+                )
+            rows.append(
+                [
+                    f"{sb:,}",
+                    "99% / 1%, per run",
+                    with_spread(per_run, lambda x: f"{x:.2f}x"),
+                    "",
+                    pa_flat,
+                    "",
+                    load_range(lo + hi),
+                ]
+            )
+        print_table(
+            rows,
+            [
+                "shuffle_buffer",
+                "position",
+                "load_state_dict -> first batch, ms",
+                "constructor, ms",
+                "pyarrow read+drop, ms",
+                "pyarrow row-group seek, ms",
+                "load",
+            ],
+            f"(c) resume in a fresh process, [id, tokens], batch {BATCH}, arrow; median (min–max) "
+            f"of {a.runs} runs; 1.0x = flat (O(1))",
+        )
+
+    # ------------------------------------------------------------------ (d) state_dict
+
+    def state(self) -> None:
+        a = self.args
+        res: dict[int, list[dict]] = {}
+        for i in range(a.runs):
+            for sb in a.buffers:
+                status(f"(d) run {i + 1}/{a.runs}: state_dict() latency, buffer {sb}")
+                r = run_child(
+                    {**self.base, "kind": "ss_state", "shuffle_buffer": sb, "calls": a.state_calls}
+                )
+                if not r["p50_us"] <= r["p90_us"] <= r["p99_us"] <= r["max_us"]:
+                    raise SystemExit(f"state_dict percentiles out of order: {r}")
+                res.setdefault(sb, []).append(r)
+        self.results["state"] = {str(k): v for k, v in res.items()}
+
+        def us(x: float) -> str:
+            return f"{x:.1f}" if x < 1000 else f"{x:,.0f}"
+
+        rows = []
+        for sb, runs in res.items():
+            rows.append(
+                [
+                    f"{sb:,}",
+                    f"{summary([r['calls'] for r in runs])['min']:,.0f}",
+                    *[
+                        with_spread([r[f"{q}_us"] for r in runs], us)
+                        for q in ("p50", "p90", "p99", "max")
+                    ],
+                    f"{runs[0]['pickled_bytes']:,}",
+                    load_range(runs),
+                ]
+            )
+        print_table(
+            rows,
+            [
+                "shuffle_buffer",
+                "calls",
+                "p50, us",
+                "p90, us",
+                "p99, us",
+                "max, us",
+                "pickled bytes",
+                "load",
+            ],
+            f"(d) state_dict() after every batch while iterating ([id, tokens], batch {BATCH}, "
+            f"from a full buffer on); median (min–max) of {a.runs} runs",
+        )
+
+    # ------------------------------------------------------------------ (e) memory
+
+    def rss(self) -> None:
+        a = self.args
+        res: dict[str, list[dict]] = {}
+        modes = {
+            "bare": "python (bare interpreter)",
+            "pyarrow": "import pyarrow.parquet",
+            "numpy": 'import shardstream; ParquetStream(output="numpy") + first batch',
+            "torch": 'import torch, shardstream; ParquetStream(output="torch") + first batch',
+        }
+        for i in range(a.runs):
+            for mode in modes:
+                status(f"(e) run {i + 1}/{a.runs}: RSS after imports, {mode}")
+                res.setdefault(mode, []).append(
+                    run_child({**self.base, "kind": "imports", "mode": mode})
+                )
+        self.results["rss_imports"] = res
+        bare = _med_key(res["bare"], "rss_mb")
+        rows = []
+        for mode, label in modes.items():
+            runs = res[mode]
+            torch_in = {r["torch_imported"] for r in runs}
+            rows.append(
+                [
+                    label,
+                    with_spread([r["rss_mb"] for r in runs], lambda x: f"{x:.0f}"),
+                    f"{_med_key(runs, 'rss_mb') - bare:+.0f}",
+                    with_spread([r["seconds"] for r in runs], lambda x: f"{x:.2f}"),
+                    "yes" if torch_in == {True} else "no" if torch_in == {False} else "varies",
+                    load_range(runs),
+                ]
+            )
+        print_table(
+            rows,
+            [
+                "process",
+                "RSS, MiB",
+                "over bare interpreter, MiB",
+                "imports + open, s",
+                "torch imported",
+                "load",
+            ],
+            f"(e) RSS of a fresh process after imports; median (min–max) of {a.runs} runs",
+        )
+        self.table_peak_rss()
+        self.shards_rss()
+
+    def table_peak_rss(self) -> None:
+        rows = []
+        for (wl, cond, variant), runs in self.passes.items():
+            if not variant.startswith("ss"):
+                continue
+            pa = self.pa_best(wl, cond, _wall)
+            over = [r["rss_peak_mb"] - r["rss_base_mb"] for r in runs]
+            cells = ["-", "-"]
+            if pa:
+                pa_over = [r["rss_peak_mb"] - r["rss_base_mb"] for r in pa[1]]
+                cells = [
+                    f"{summary(pa_over)['median']:.0f} (@{pa[0]})",
+                    _ratio(summary(over)["median"], summary(pa_over)["median"]),
+                ]
+            note = ""
+            if variant == "ss_shuffle":
+                rows_held = min(self.args.shuffle_buffer, self.args.rows)
+                buf = rows_held * arrow_row_bytes(self.data, WORKLOADS[wl]) / 2**20
+                note = (
+                    f"buffer rows hold {buf:.0f} MiB of Arrow data: peak over imports = "
+                    f"{summary(over)['median'] / buf:.2f}x that"
+                )
+            label = {"ss_ra0": "ra0", "ss_shuffle": "shuffle"}.get(variant, cond)
+            rows.append(
+                [
+                    WORKLOAD_LABEL[wl],
+                    self.label(label),
+                    f"{summary([r['rss_peak_mb'] for r in runs])['median']:.0f}"
+                    if SPAWN["always"]
+                    else "-",
+                    f"{summary(over)['median']:.0f}",
+                    *cells,
+                    note,
+                ]
+            )
+        if rows:
+            print_table(
+                rows,
+                [
+                    "workload",
+                    "condition",
+                    "shardstream peak RSS, MiB (--spawn)",
+                    "peak over imports, MiB",
+                    "pyarrow best over imports, MiB",
+                    "ratio",
+                    "note",
+                ],
+                "(e) peak RSS of the (a)/(b) runs over their RSS after imports (medians; every "
+                "run has imported pyarrow, torch and shardstream). Absolute peaks only with "
+                "--spawn: a forked run's RSS leaves out the server's file-backed pages it never "
+                "touches",
+            )
+
+    def shards_rss(self) -> None:
+        import startup
+
+        a = self.args
+        res: dict[str, list[dict]] = {}
+        for n in a.shard_counts:
+            startup.generate(os.path.join(a.data_root, "startup", f"n{n}"), n)
+        for i in range(a.runs):
+            for n in a.shard_counts:
+                root = os.path.join(a.data_root, "startup", f"n{n}")
+                for mode in ("open", "pyarrow"):
+                    status(f"(e) run {i + 1}/{a.runs}: {n} shards, {mode}")
+                    load = benchlib.load1()
+                    r = {**startup.child(mode, root), "load": load}
+                    res.setdefault(f"{mode}/{n}", []).append(r)
+        self.results["rss_shards"] = res
+        rows = []
+        prev: dict[str, tuple[int, float]] = {}
+        for n in sorted(a.shard_counts):
+            cells = []
+            for mode in ("open", "pyarrow"):
+                runs = res[f"{mode}/{n}"]
+                over = _med_key(runs, "rss_over_imports_mb")
+                slope = "-"
+                if mode in prev and n > prev[mode][0]:  # growth per shard, fixed costs cancel
+                    slope = f"{(over - prev[mode][1]) / (n - prev[mode][0]) * 1000:.1f}"
+                prev[mode] = (n, over)
+                cells += [f"{over:.0f}", slope, f"{_med_key(runs, 'first') * 1e3:.0f}"]
+            rows.append([f"{n:,}", *cells, load_range(res[f"open/{n}"])])
+        print_table(
+            rows,
+            [
+                "shards",
+                "shardstream: RSS over imports, MiB",
+                "per 1,000 shards (slope from the row above)",
+                "open + 1st, ms",
+                "pyarrow.dataset: RSS over imports",
+                "per 1,000 shards (slope)",
+                "open + 1st, ms",
+                "load",
+            ],
+            "(e) RSS after opening N small shards and reading the first batch "
+            f"(benches/startup.py's shard sets, no sidecar); medians of {a.runs} fresh processes",
+        )
+
+    # ------------------------------------------------------------------ (h), (i) loaders
+
+    def loader(self) -> None:
+        a = self.args
+        nb = a.loader_batches or max(a.warmup + 1, a.rows // BATCH - 2)
+        nb = min(nb, max(a.warmup + 1, a.rows // BATCH - 2))
+        runs: dict[str, list[dict]] = {}
+        for i in range(a.runs):
+            for loader in ("dl", "sdl"):
+                for src in ("ss", "pa"):
+                    status(f"(h) run {i + 1}/{a.runs}: {loader} over {src}, {nb} batches")
+                    r = run_child(
+                        {
+                            **self.base,
+                            "kind": "loader",
+                            "src": src,
+                            "loader": loader,
+                            "workers": 2,
+                            "batches": nb,
+                            "warmup": a.warmup,
+                        }
+                    )
+                    runs.setdefault(f"{loader}-{src}", []).append(r)
+        self.results["loader"] = runs
+        names = {"dl": "DataLoader", "sdl": "StatefulDataLoader(snapshot_every_n_steps=1)"}
+        rows = []
+        for loader in ("dl", "sdl"):
+            ss, pa = runs[f"{loader}-ss"], runs[f"{loader}-pa"]
+            rows.append(
+                [
+                    names[loader],
+                    with_spread([_wall(r) for r in ss], mrows),
+                    with_spread([_cpu(r) for r in ss], mrows),
+                    with_spread([_wall(r) for r in pa], mrows),
+                    with_spread([_cpu(r) for r in pa], mrows),
+                    _ratio(_med(ss, _wall), _med(pa, _wall)),
+                    _ratio(_med(ss, _cpu), _med(pa, _cpu)),
+                    load_range(ss + pa),
+                ]
+            )
+        print_table(
+            rows,
+            [
+                "loader, 2 workers",
+                "shardstream M rows/s",
+                "M rows/CPU-s",
+                "pyarrow dataset M rows/s",
+                "M rows/CPU-s",
+                "wall ratio",
+                "CPU ratio",
+                "load",
+            ],
+            f"(h) loaders, batch {BATCH}, torch, tokens as a list of tensors, batches "
+            f"{a.warmup}..{nb} (steady state; CPU of main process + workers); median (min–max) "
+            f"of {a.runs} runs",
+        )
+
+    def ceiling(self) -> None:
+        a = self.args
+        runs: dict[str, list[dict]] = {}
+        plan = []
+        for bs in a.ceiling_batch_sizes:
+            nb = max(a.warmup + 1, min(a.ceiling_rows // bs, a.rows // bs - 2))
+            for fmt in ("split", "offsets", "padded"):
+                plan.append((fmt, bs, nb))
+        for i in range(a.runs):
+            for fmt, bs, nb in plan:
+                for src in ("ss", "null"):
+                    status(f"(i) run {i + 1}/{a.runs}: {fmt}, batch {bs}, {src}, {nb} batches")
+                    r = run_child(
+                        {
+                            **self.base,
+                            "kind": "ceiling",
+                            "src": src,
+                            "list_format": fmt,
+                            "batch_size": bs,
+                            "batches": nb,
+                            "warmup": a.warmup,
+                        }
+                    )
+                    runs.setdefault(f"{fmt}/{bs}/{src}", []).append(r)
+        self.results["ceiling"] = runs
+        rows = []
+        for fmt, bs, _ in plan:
+            ss, null = runs[f"{fmt}/{bs}/ss"], runs[f"{fmt}/{bs}/null"]
+
+            def bps(r: dict) -> float:
+                return r["batches"] / r["seconds"]
+
+            rows.append(
+                [
+                    fmt,
+                    f"{bs:,}",
+                    with_spread([bps(r) for r in ss], lambda x: f"{x:.0f}"),
+                    with_spread([_cpu(r) for r in ss], krows),
+                    with_spread([bps(r) for r in null], lambda x: f"{x:.0f}"),
+                    with_spread([_cpu(r) for r in null], krows),
+                    _ratio(_med(ss, bps), _med(null, bps)),
+                    _ratio(_med(ss, _cpu), _med(null, _cpu)),
+                    with_spread(
+                        [
+                            s["batches"] / s["seconds"] / (n["batches"] / n["seconds"])
+                            for s, n in zip(ss, null, strict=True)
+                        ],
+                        lambda x: f"{x:.2f}x",
+                    ),
+                    load_range(ss + null),
+                ]
+            )
+        print_table(
+            rows,
+            [
+                "list_format",
+                "batch",
+                "shardstream batches/s",
+                "k rows/CPU-s",
+                "ceiling batches/s",
+                "k rows/CPU-s",
+                "ratio of medians",
+                "CPU ratio",
+                "ratio per run",
+                "load",
+            ],
+            '(i) StatefulDataLoader(2 workers, snapshot_every_n_steps=1), output="torch", '
+            "[id, tokens]: shardstream vs the loader's ceiling (a dataset yielding fresh copies "
+            f"of pre-built batches of the same shapes); steady state from batch {a.warmup}; "
+            f"median (min–max) of {a.runs} runs",
+        )
+
+
+def _med_key(runs: list[dict], key: str) -> float:
+    return summary([r[key] for r in runs])["median"]
+
+
+def hf_rows(b: Bench, table: list) -> None:
+    """(f): row mode, shardstream vs HuggingFace datasets streaming (one run each)."""
+    args, base, results = b.args, b.base, b.results
+    hf_missing, hf_cache = _hf_missing(), os.path.join(args.data_root, "hf-cache")
+    limit = min(args.row_limit, args.rows)
+    # [id, tokens] as everywhere else; [id, label] (no list column) shows the per-row cost
+    # without list<int32> -> Python list conversion, which bounds both libraries.
+    for cols in (COLUMNS, ["id", "label"]):
+        name = ", ".join(cols)
+        status(f"row mode [{name}]: shardstream, first {limit:,} rows")
+        ss = run_child({**base, "kind": "ss_rows", "limit": limit, "columns": cols})
+        results[f"rows_ss_{'_'.join(cols)}"] = ss
+        label = f"(f) row mode, python, [{name}], first {limit:,} rows"
+        ss_s = (
+            f"{ss['rows'] / ss['seconds'] / 1e3:.1f} k rows/s, {_cpu(ss) / 1e3:.1f} k "
+            f"rows/CPU-s ({ss['seconds']:.2f} s; first row {ss['first_ms']:.0f} ms)"
+        )
+        if hf_missing:
+            table.append((label, ss_s, f"datasets streaming: {hf_missing}", "-"))
+            continue
+        status(f"row mode [{name}]: datasets streaming (cap {args.hf_cap:.0f}s)")
+        hf = _hf_child(
+            {
+                **base,
+                "kind": "hf_rows",
+                "limit": limit,
+                "columns": cols,
+                "cap": args.hf_cap,
+                "hf_cache": hf_cache,
+            }
+        )
+        results[f"rows_hf_{'_'.join(cols)}"] = hf
+        if isinstance(hf, str):
+            table.append((label, ss_s, f"datasets streaming: {hf}", "-"))
+            continue
+        n = hf["rows"]
+        if n == ss["rows"] and hf["id_sum"] != ss["id_sum"]:
+            raise SystemExit(f"row mode: datasets read other rows than shardstream: {hf}")
+        capped = f"; capped at {args.hf_cap:.0f} s after {n:,} rows" if hf["capped"] else ""
+        table.append(
+            (
+                label,
+                ss_s,
+                f"datasets streaming {n / hf['seconds'] / 1e3:.1f} k rows/s, "
+                f"{_cpu(hf) / 1e3:.1f} k rows/CPU-s ({hf['seconds']:.2f} s; first row "
+                f"{hf['first_ms']:.0f} ms; + {hf['ctor_ms']:.0f} ms load_dataset{capped})",
+                f"{_wall(ss) / _wall(hf):.2f}x wall, {_ratio(_cpu(ss), _cpu(hf))} CPU",
+            )
+        )
+
+
+def hf_resume(b: Bench, table: list) -> None:
+    """(g): row-mode resume, shardstream vs datasets load_state_dict / skip(n) (one run each)."""
+    args, base, results = b.args, b.base, b.results
+    hf_missing, hf_cache = _hf_missing(), os.path.join(args.data_root, "hf-cache")
+    n = args.rows
+    fracs = [0.01, 0.5, 0.99]
+    # Same positions as (c): the end of the first 1024-row batch at/after each fraction.
+    pos = [max(1, min(-(-int(f * n) // BATCH) * BATCH, n - 2 * BATCH)) for f in fracs]
+    with tempfile.TemporaryDirectory(prefix="ssbench-") as tmp:
+        status("row-mode resume states (shardstream)")
+        sf = os.path.join(tmp, "ss-row-states.pkl")
+        info = run_child({**base, "kind": "ss_row_states", "positions": pos, "out": sf})
+        res_ss: dict[str, Any] = {}
+        for f, k in zip(fracs, pos, strict=True):
+            status(f"row-mode resume at {f:.0%} (shardstream)")
+            r = run_child({**base, "kind": "ss_row_resume", "states": sf, "key": str(k)})
+            if r["first_id"] != info[str(k)] or r["first_id"] != k:
+                raise SystemExit(f"row-mode resume at {f}: first id {r['first_id']} != {k}")
+            res_ss[str(k)] = r
+        results["resume_rows_ss"] = res_ss
+        res_hf: dict[str, Any] = {}
+        hf_err = hf_missing
+        if not hf_err:
+            status("row-mode resume states (datasets)")
+            hsf = os.path.join(tmp, "hf-states.pkl")
+            hinfo = _hf_child(
+                {**base, "kind": "hf_states", "positions": pos, "out": hsf, "hf_cache": hf_cache}
+            )
+            if isinstance(hinfo, str):
+                hf_err = hinfo
+            else:
+                for k in pos:
+                    if hinfo[str(k)] != k:
+                        raise SystemExit(f"datasets state at row {k} resumes at {hinfo}")
+        for f, k in zip(fracs, pos, strict=True):
+            if hf_err:
+                break
+            for mode in ("state", "skip"):
+                status(f"datasets resume at {f:.0%} ({mode}, cap {args.hf_cap:.0f}s)")
+                r = _hf_child(
+                    {
+                        **base,
+                        "kind": "hf_resume",
+                        "mode": mode,
+                        "k": k,
+                        "states": hsf,
+                        "cap": args.hf_cap,
+                        "hf_cache": hf_cache,
+                    }
+                )
+                if isinstance(r, str):
+                    hf_err = r
+                    break
+                if not r["capped"] and r["first_id"] != k:
+                    raise SystemExit(f"datasets {mode} resume at row {k}: {r}")
+                res_hf[f"{k}-{mode}"] = r
+        results["resume_rows_hf"] = res_hf
+
+    def hf_cell(r: dict) -> str:
+        if r["capped"]:
+            return f"> {r['total_ms'] / 1e3:.0f} s (capped)"
+        return f"{r['resume_ms']:.0f} ms (+ {r['ctor_ms']:.0f} ms load_dataset)"
+
+    def hf_ratio(r: dict, ss_total: float) -> str:
+        return f"{'>' if r['capped'] else ''}{r['total_ms'] / ss_total:.0f}x"
+
+    for f, k in zip(fracs, pos, strict=True):
+        r = res_ss[str(k)]
+        tot = r["ctor_ms"] + r["resume_ms"]
+        label = f"(g) row-mode resume at {f:.0%} (row {k:,}), python, [id, tokens]"
+        ss_s = f"{r['resume_ms']:.1f} ms (+ {r['ctor_ms']:.1f} ms constructor)"
+        if hf_err:
+            table.append((label, ss_s, f"datasets: {hf_err}", "-"))
+            continue
+        st, sk = res_hf[f"{k}-state"], res_hf[f"{k}-skip"]
+        table.append(
+            (
+                label,
+                ss_s,
+                f"datasets load_state_dict {hf_cell(st)}; skip(n) {hf_cell(sk)}",
+                f"{hf_ratio(st, tot)} / {hf_ratio(sk, tot)} faster (incl. ctor)",
+            )
+        )
+    lo, hi = res_ss[str(pos[0])], res_ss[str(pos[-1])]
+    hf_flat = "-"
+    if not hf_err:
+        parts = []
+        for mode in ("state", "skip"):
+            first, last = res_hf[f"{pos[0]}-{mode}"], res_hf[f"{pos[-1]}-{mode}"]
+            cap = ">" if last["capped"] else ""
+            name = "load_state_dict" if mode == "state" else "skip(n)"
+            parts.append(f"{name} {cap}{last['total_ms'] / first['total_ms']:.1f}x")
+        hf_flat = "datasets " + "; ".join(parts) + " (incl. load_dataset)"
+    table.append(
+        (
+            "(g) flatness: row-mode resume 99% / 1%",
+            f"{hi['resume_ms'] / lo['resume_ms']:.2f}x",
+            hf_flat,
+            "1.0 = O(1)",
+        )
+    )
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _names(choices: Any) -> Any:
+    def parse(s: str) -> list[str]:
+        out = [x.strip() for x in s.split(",") if x.strip()]
+        bad = sorted(set(out) - set(choices))
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {','.join(choices)}")
+        return out
+
+    return parse
+
+
+def _arg(v: Any) -> str:
+    return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+QUICK = {  # --quick: every section at small sizes (a smoke run, not figures to quote)
+    "rows": 20_000,
+    "shards": 2,
+    "runs": 1,
+    "min_time": 0.1,
+    "shuffle_buffer": 5_000,
+    "buffers": [0, 1_000, 5_000],
+    "state_calls": 100,
+    "shard_counts": [100, 1_000],
+    "row_limit": 5_000,
+    "hf_cap": 10.0,
+    "loader_batches": 12,
+    "ceiling_rows": 8_192,
+    "warmup": 4,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
         "--only",
-        default=",".join(ALL),
+        type=_names(ALL),
+        default=list(ALL),
         help=f"comma-separated subset of {','.join(ALL)} (default: all)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="every section at small sizes, one run each: "
+        + ", ".join(f"--{k.replace('_', '-')} {_arg(v)}" for k, v in QUICK.items())
+        + " (explicit options still win)",
     )
     ap.add_argument("--rows", type=int, default=2_000_000, help="total rows (%(default)s)")
     ap.add_argument("--shards", type=int, default=8, help="number of shards (%(default)s)")
-    ap.add_argument("--repeat", type=int, default=2, help="passes per throughput run; best kept")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=3,
+        help="fresh processes per figure, interleaved; median and spread (%(default)s)",
+    )
+    ap.add_argument(
+        "--min-time",
+        type=float,
+        default=2.0,
+        help="seconds of whole passes per (a)/(b) run (%(default)s)",
+    )
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=BATCH,
+        help="shardstream's batch size in (a)/(b) (%(default)s)",
+    )
+    ap.add_argument(
+        "--pa-batch-sizes",
+        type=_ints,
+        default=[1024, 8192, 65536],
+        help="pyarrow batch sizes; the best is the baseline (1024,8192,65536)",
+    )
+    ap.add_argument(
+        "--workloads",
+        type=_names(WORKLOADS),
+        default=list(WORKLOADS),
+        help=f"(a) workloads, of {','.join(WORKLOADS)} (all)",
+    )
+    ap.add_argument(
+        "--conditions",
+        type=_names(CONDITIONS),
+        default=list(CONDITIONS),
+        help="(a) conditions: free (both cores), ra0 (shardstream with "
+        "readahead_threads=0), busy (one core spinning) (all)",
+    )
+    ap.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        default=100_000,
+        help="(b)'s shuffle buffer, rows (%(default)s)",
+    )
+    ap.add_argument(
+        "--buffers",
+        type=_ints,
+        default=[0, 10_000, 100_000],
+        help="shuffle buffers of (c) and (d) (0,10000,100000)",
+    )
+    ap.add_argument(
+        "--state-calls",
+        type=int,
+        default=2_000,
+        help="state_dict() calls per (d) run (%(default)s)",
+    )
+    ap.add_argument(
+        "--shard-counts",
+        type=_ints,
+        default=[1_000, 10_000],
+        help="shard counts of (e)'s RSS per shard (1000,10000)",
+    )
     ap.add_argument(
         "--data-root", default=os.path.join(ROOT, "bench-data"), help="cache dir for shards"
     )
@@ -617,7 +1687,7 @@ def main(argv: list[str] | None = None) -> int:
         "--row-limit",
         type=int,
         default=500_000,
-        help="rows read by each row-mode throughput run (rows; %(default)s)",
+        help="rows read by each row-mode throughput run (%(default)s)",
     )
     ap.add_argument(
         "--hf-cap",
@@ -629,11 +1699,30 @@ def main(argv: list[str] | None = None) -> int:
         "--loader-batches",
         type=int,
         default=250,
-        help="batches per DataLoader run, 0 = whole epoch (loader; %(default)s)",
+        help="batches per (h) run, 0 = about an epoch (%(default)s)",
+    )
+    ap.add_argument(
+        "--ceiling-batch-sizes", type=_ints, default=[32, 1024], help="batch sizes of (i) (32,1024)"
+    )
+    ap.add_argument(
+        "--ceiling-rows", type=int, default=131_072, help="rows per (i) run (%(default)s)"
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=20,
+        help="loader batches before the clock starts in (h)/(i) (%(default)s)",
+    )
+    ap.add_argument(
+        "--spawn",
+        action="store_true",
+        help="start every run in a new interpreter (default: fork it from a server process "
+        "that imported pyarrow, torch and shardstream once and ran nothing else)",
     )
     ap.add_argument("--json", default=None, help="also write raw results to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(raw)
 
     if args.child is not None:
         print(json.dumps(child_main(json.loads(args.child))), flush=True)
@@ -642,350 +1731,75 @@ def main(argv: list[str] | None = None) -> int:
         # abandoned mid-way (datasets streaming stopped after n rows); the result is out.
         os._exit(0)
 
-    which = [w.strip() for w in args.only.split(",") if w.strip()]
-    bad = sorted(set(which) - set(ALL))
-    if bad:
-        ap.error(f"unknown benchmark(s) {bad}; choose from {ALL}")
+    if args.quick:  # small sizes, except where an option was given explicitly
+        given = {a.split("=")[0] for a in raw if a.startswith("--")}
+        for k, v in QUICK.items():
+            if f"--{k.replace('_', '-')}" not in given:
+                setattr(args, k, v)
+    if args.rows < 4 * BATCH or args.runs < 1 or args.warmup < 1:
+        ap.error(f"need --rows >= {4 * BATCH}, --runs >= 1, --warmup >= 1")
+    SPAWN["always"] = args.spawn
+    which = args.only
     t_all = time.perf_counter()
+    load_start = benchlib.load1()
     data = ensure_data(args.data_root, args.rows, args.shards)
     warm_cache(data)
-    size_mb = sum(os.path.getsize(p) for p in _files(data)) / 2**20
-    results: dict[str, Any] = {"rows": args.rows, "shards": args.shards, "data_mb": size_mb}
-    table: list[tuple[str, str, str, str]] = []
+    size_mb = sum(os.path.getsize(p) for p in shard_files(data)) / 2**20
+    b = Bench(args, data)
+    b.results.update(rows=args.rows, shards=args.shards, data_mb=size_mb, load_start=load_start)
 
-    def status(msg: str) -> None:
-        print(f"# {msg}", file=sys.stderr, flush=True)
-
-    base = {"data": data, "repeat": args.repeat}
-    pa = None
-    if {"iter", "shuffle", "rss"} & set(which):
-        status("pyarrow iter_batches baseline")
-        pa = run_child({**base, "kind": "pa_iter"})
-        results["pa_iter"] = pa
-    if "iter" in which or "rss" in which:
-        status("shardstream iteration")
-        ss = run_child({**base, "kind": "ss_iter", "shuffle_buffer": 0})
-        results["ss_iter"] = ss
-        assert pa is not None
-        if ss["rows"] != pa["rows"]:
-            raise SystemExit(f"row count mismatch: shardstream {ss['rows']} vs {pa['rows']}")
-        if "iter" in which:
-            table.append(
-                (
-                    "(a) iterate, batch 1024, arrow, [id, tokens]",
-                    fmt_rate(ss["rows"], ss["seconds"]),
-                    fmt_rate(pa["rows"], pa["seconds"]) + " iter_batches",
-                    f"{pa['seconds'] / ss['seconds']:.2f}x throughput",
-                )
-            )
-    if "shuffle" in which or "rss" in which:
-        status("shardstream iteration, shuffle_buffer=100k")
-        sh = run_child({**base, "kind": "ss_iter", "shuffle_buffer": 100_000})
-        results["ss_shuffle"] = sh
-        assert pa is not None
-        if "shuffle" in which:
-            table.append(
-                (
-                    "(b) same + shuffle_buffer=100,000",
-                    fmt_rate(sh["rows"], sh["seconds"]),
-                    fmt_rate(pa["rows"], pa["seconds"]) + " (sequential)",
-                    f"{pa['seconds'] / sh['seconds']:.2f}x throughput",
-                )
-            )
-    if "resume" in which:
-        fracs = [0.01, 0.5, 0.99]
-        with tempfile.TemporaryDirectory(prefix="ssbench-") as tmp:
-            for sb in (0, 100_000):
-                status(f"resume states (shuffle_buffer={sb})")
-                sf = os.path.join(tmp, f"states-{sb}.pkl")
-                info = run_child(
-                    {**base, "kind": "ss_states", "shuffle_buffer": sb, "fracs": fracs, "out": sf}
-                )
-                res_ss = {}
-                for f in fracs:
-                    k = repr(f)
-                    status(f"resume at {f:.0%} (shuffle_buffer={sb})")
-                    r = run_child(
-                        {**base, "kind": "ss_resume", "shuffle_buffer": sb, "states": sf, "key": k}
-                    )
-                    if r["first_id"] != info[k]["next_first_id"]:
-                        raise SystemExit(
-                            f"resume at {f}: first id {r['first_id']} != "
-                            f"{info[k]['next_first_id']} (shuffle_buffer={sb})"
-                        )
-                    res_ss[k] = {**r, **info[k]}
-                results[f"resume_ss_sb{sb}"] = res_ss
-                if sb == 0:
-                    res_pa: dict[str, Any] = {}
-                    for f in fracs:
-                        k = repr(f)
-                        rows_before = info[k]["rows_before"]
-                        for seek in (False, True):
-                            status(f"pyarrow skip to {f:.0%} (seek={seek})")
-                            r = run_child(
-                                {**base, "kind": "pa_skip", "rows_before": rows_before,
-                                 "seek": seek}
-                            )  # fmt: skip
-                            if r["first_id"] != info[k]["next_first_id"]:
-                                raise SystemExit(f"pyarrow skip baseline wrong at {f}: {r}")
-                            res_pa[f"{k}-{'seek' if seek else 'drop'}"] = r
-                    results["resume_pa"] = res_pa
-                for f in fracs:
-                    k = repr(f)
-                    r = res_ss[k]
-                    tot = r["ctor_ms"] + r["resume_ms"]
-                    label = f"(c) resume at {f:.0%}" + ("" if sb == 0 else ", shuffle_buffer=100k")
-                    ss_s = f"{r['resume_ms']:.1f} ms (+ {r['ctor_ms']:.1f} ms constructor)"
-                    if sb == 0:
-                        drop = results["resume_pa"][f"{k}-drop"]["resume_ms"]
-                        seek = results["resume_pa"][f"{k}-seek"]["resume_ms"]
-                        table.append(
-                            (
-                                label,
-                                ss_s,
-                                f"read+drop {drop:.1f} ms; row-group seek {seek:.1f} ms",
-                                f"{drop / tot:.1f}x / {seek / tot:.1f}x faster (incl. ctor)",
-                            )
-                        )
-                    else:
-                        table.append((label, ss_s, "-", "-"))
-                lo, hi = res_ss[repr(fracs[0])], res_ss[repr(fracs[-1])]
-                flat = hi["resume_ms"] / lo["resume_ms"]
-                pa_flat = "-"
-                if sb == 0:
-                    d = results["resume_pa"]
-                    hi_pa = d[repr(fracs[-1]) + "-drop"]["resume_ms"]
-                    lo_pa = d[repr(fracs[0]) + "-drop"]["resume_ms"]
-                    pa_flat = f"read+drop {hi_pa / lo_pa:.1f}x"
-                table.append(
-                    (
-                        "(c) flatness: resume 99% / 1%"
-                        + ("" if sb == 0 else ", shuffle_buffer=100k"),
-                        f"{flat:.2f}x",
-                        pa_flat,
-                        "1.0 = O(1)",
-                    )
-                )
-    if "state" in which:
-        for sb in (0, 10_000, 100_000):
-            status(f"state_dict latency (shuffle_buffer={sb})")
-            r = run_child(
-                {**base, "kind": "ss_state", "shuffle_buffer": sb, "frac": 0.3, "calls": 200}
-            )
-            results[f"state_sb{sb}"] = r
-            table.append(
-                (
-                    f"(d) state_dict(), shuffle_buffer={sb:,}",
-                    f"{r['median_us']:.1f} us median (max {r['max_us']:.1f}), "
-                    f"{r['pickled_bytes']:,} B pickled",
-                    "-",
-                    "-",
-                )
-            )
-    if "rss" in which:
-        assert pa is not None
-        ss, sh = results["ss_iter"], results["ss_shuffle"]
-        for label, r in (("(e) peak RSS, iterate", ss), ("(e) peak RSS, shuffle 100k", sh)):
-            table.append(
-                (
-                    label,
-                    f"{r['rss_peak_mb']:.0f} MiB (+{r['rss_peak_mb'] - r['rss_base_mb']:.0f} "
-                    "over imports)",
-                    f"{pa['rss_peak_mb']:.0f} MiB (+{pa['rss_peak_mb'] - pa['rss_base_mb']:.0f})",
-                    f"{r['rss_peak_mb'] / pa['rss_peak_mb']:.2f}x",
-                )
-            )
-
-    hf_missing = _hf_missing()
-    hf_cache = os.path.join(args.data_root, "hf-cache")
-    if "rows" in which:
-        limit = min(args.row_limit, args.rows)
-        # [id, tokens] as everywhere else; [id, label] (no list column) shows the per-row cost
-        # without list<int32> -> Python list conversion, which bounds both libraries.
-        for cols in (COLUMNS, ["id", "label"]):
-            name = ", ".join(cols)
-            status(f"row mode [{name}]: shardstream, first {limit:,} rows")
-            ss = run_child({**base, "kind": "ss_rows", "limit": limit, "columns": cols})
-            results[f"rows_ss_{'_'.join(cols)}"] = ss
-            label = f"(f) row mode, python, [{name}], first {limit:,} rows"
-            ss_s = (
-                f"{ss['rows'] / ss['seconds'] / 1e3:.1f} k rows/s ({ss['seconds']:.2f} s; "
-                f"first row {ss['first_ms']:.0f} ms)"
-            )
-            if hf_missing:
-                table.append((label, ss_s, f"datasets streaming: {hf_missing}", "-"))
-                continue
-            status(f"row mode [{name}]: datasets streaming (cap {args.hf_cap:.0f}s)")
-            hf = _hf_child({**base, "kind": "hf_rows", "limit": limit, "columns": cols,
-                            "cap": args.hf_cap, "hf_cache": hf_cache})  # fmt: skip
-            results[f"rows_hf_{'_'.join(cols)}"] = hf
-            if isinstance(hf, str):
-                table.append((label, ss_s, f"datasets streaming: {hf}", "-"))
-                continue
-            n = hf["rows"]
-            if n == ss["rows"] and hf["id_sum"] != ss["id_sum"]:
-                raise SystemExit(f"row mode: datasets read other rows than shardstream: {hf}")
-            capped = f"; capped at {args.hf_cap:.0f} s after {n:,} rows" if hf["capped"] else ""
-            table.append(
-                (
-                    label,
-                    ss_s,
-                    f"datasets streaming {n / hf['seconds'] / 1e3:.1f} k rows/s "
-                    f"({hf['seconds']:.2f} s; first row {hf['first_ms']:.0f} ms; "
-                    f"+ {hf['ctor_ms']:.0f} ms load_dataset{capped})",
-                    f"{(ss['rows'] / ss['seconds']) / (n / hf['seconds']):.2f}x throughput",
-                )
-            )
-    if "resume-hf" in which:
-        n = args.rows
-        fracs = [0.01, 0.5, 0.99]
-        # Same positions as (c): the end of the first 1024-row batch at/after each fraction.
-        pos = [max(1, min(-(-int(f * n) // BATCH) * BATCH, n - 2 * BATCH)) for f in fracs]
-        with tempfile.TemporaryDirectory(prefix="ssbench-") as tmp:
-            status("row-mode resume states (shardstream)")
-            sf = os.path.join(tmp, "ss-row-states.pkl")
-            info = run_child({**base, "kind": "ss_row_states", "positions": pos, "out": sf})
-            res_ss: dict[str, Any] = {}
-            for f, k in zip(fracs, pos, strict=True):
-                status(f"row-mode resume at {f:.0%} (shardstream)")
-                r = run_child({**base, "kind": "ss_row_resume", "states": sf, "key": str(k)})
-                if r["first_id"] != info[str(k)] or r["first_id"] != k:
-                    raise SystemExit(f"row-mode resume at {f}: first id {r['first_id']} != {k}")
-                res_ss[str(k)] = r
-            results["resume_rows_ss"] = res_ss
-            res_hf: dict[str, Any] = {}
-            hf_err = hf_missing
-            if not hf_err:
-                status("row-mode resume states (datasets)")
-                hsf = os.path.join(tmp, "hf-states.pkl")
-                hinfo = _hf_child({**base, "kind": "hf_states", "positions": pos, "out": hsf,
-                                   "hf_cache": hf_cache})  # fmt: skip
-                if isinstance(hinfo, str):
-                    hf_err = hinfo
-                else:
-                    for k in pos:
-                        if hinfo[str(k)] != k:
-                            raise SystemExit(f"datasets state at row {k} resumes at {hinfo}")
-            for f, k in zip(fracs, pos, strict=True):
-                if hf_err:
-                    break
-                for mode in ("state", "skip"):
-                    status(f"datasets resume at {f:.0%} ({mode}, cap {args.hf_cap:.0f}s)")
-                    r = _hf_child({**base, "kind": "hf_resume", "mode": mode, "k": k,
-                                   "states": hsf, "cap": args.hf_cap,
-                                   "hf_cache": hf_cache})  # fmt: skip
-                    if isinstance(r, str):
-                        hf_err = r
-                        break
-                    if not r["capped"] and r["first_id"] != k:
-                        raise SystemExit(f"datasets {mode} resume at row {k}: {r}")
-                    res_hf[f"{k}-{mode}"] = r
-            results["resume_rows_hf"] = res_hf
-
-        def hf_cell(r: dict) -> str:
-            if r["capped"]:
-                return f"> {r['total_ms'] / 1e3:.0f} s (capped)"
-            return f"{r['resume_ms']:.0f} ms (+ {r['ctor_ms']:.0f} ms load_dataset)"
-
-        def hf_ratio(r: dict, ss_total: float) -> str:
-            return f"{'>' if r['capped'] else ''}{r['total_ms'] / ss_total:.0f}x"
-
-        for f, k in zip(fracs, pos, strict=True):
-            r = res_ss[str(k)]
-            tot = r["ctor_ms"] + r["resume_ms"]
-            label = f"(g) row-mode resume at {f:.0%} (row {k:,}), python, [id, tokens]"
-            ss_s = f"{r['resume_ms']:.1f} ms (+ {r['ctor_ms']:.1f} ms constructor)"
-            if hf_err:
-                table.append((label, ss_s, f"datasets: {hf_err}", "-"))
-                continue
-            st, sk = res_hf[f"{k}-state"], res_hf[f"{k}-skip"]
-            table.append(
-                (
-                    label,
-                    ss_s,
-                    f"datasets load_state_dict {hf_cell(st)}; skip(n) {hf_cell(sk)}",
-                    f"{hf_ratio(st, tot)} / {hf_ratio(sk, tot)} faster (incl. ctor)",
-                )
-            )
-        lo, hi = res_ss[str(pos[0])], res_ss[str(pos[-1])]
-        hf_flat = "-"
-        if not hf_err:
-            parts = []
-            for mode in ("state", "skip"):
-                a, b = res_hf[f"{pos[0]}-{mode}"], res_hf[f"{pos[-1]}-{mode}"]
-                cap = ">" if b["capped"] else ""
-                name = "load_state_dict" if mode == "state" else "skip(n)"
-                parts.append(f"{name} {cap}{b['total_ms'] / a['total_ms']:.1f}x")
-            hf_flat = "datasets " + "; ".join(parts) + " (incl. load_dataset)"
-        table.append(
-            (
-                "(g) flatness: row-mode resume 99% / 1%",
-                f"{hi['resume_ms'] / lo['resume_ms']:.2f}x",
-                hf_flat,
-                "1.0 = O(1)",
-            )
-        )
-    if "loader" in which:
-        nb = args.loader_batches
-        runs: dict[str, list[dict]] = {}
-        for _ in range(args.repeat):  # interleaved, best kept: the machine may be noisy
-            for loader in ("dl", "sdl"):
-                for src in ("ss", "pa"):
-                    status(f"{loader} over {src}, 2 workers, {nb or 'all'} batches")
-                    r = run_child({**base, "kind": "loader", "src": src, "loader": loader,
-                                   "workers": 2, "max_batches": nb})  # fmt: skip
-                    runs.setdefault(f"{loader}-{src}", []).append(r)
-        results["loader"] = runs
-
-        def best(key: str) -> dict:
-            return max(runs[key], key=lambda r: r["rows"] / r["seconds"])
-
-        def cell(r: dict) -> str:
-            return (
-                f"{r['batches'] / r['seconds']:.1f} batches/s "
-                f"({r['rows'] / r['seconds'] / 1e3:.0f} k rows/s)"
-            )
-
-        names = {"dl": "DataLoader", "sdl": "StatefulDataLoader(snapshot_every_n_steps=1)"}
-        for loader in ("dl", "sdl"):
-            ss, pa_ = best(f"{loader}-ss"), best(f"{loader}-pa")
-            table.append(
-                (
-                    f"(h) {names[loader]}, 2 workers, batch 1024, torch, tokens as list"
-                    f" of tensors, first {nb or 'all'} batches",
-                    cell(ss),
-                    cell(pa_) + " pyarrow IterableDataset",
-                    f"{(ss['rows'] / ss['seconds']) / (pa_['rows'] / pa_['seconds']):.2f}x "
-                    "throughput",
-                )
-            )
+    import pyarrow
     import shardstream
 
+    try:
+        import torch
+
+        torch_v = torch.__version__
+    except ImportError:  # pragma: no cover
+        torch_v = "-"
     print()
     print(
-        f"shardstream {getattr(shardstream, '__version__', '?')} | {args.rows:,} rows, "
-        f"{args.shards} shards, {size_mb:.0f} MiB zstd, tokens list<int32> 64-512 | "
-        f"{platform.python_implementation()} {platform.python_version()}, "
-        f"{os.cpu_count()} cores | {time.strftime('%Y-%m-%d')}"
+        f"shardstream {getattr(shardstream, '__version__', '?')} at {_git_commit()} | "
+        f"{args.rows:,} rows, {args.shards} shards, {size_mb:.0f} MiB zstd | "
+        f"{platform.python_implementation()} {platform.python_version()}, pyarrow "
+        f"{pyarrow.__version__}, torch {torch_v} | {os.cpu_count()} cores | "
+        f"load average {load_start:.2f} at start | {time.strftime('%Y-%m-%d %H:%M')}"
     )
-    print(f"command: python benches/bench.py --rows {args.rows} --shards {args.shards} "
-          f"--only {','.join(which)} --repeat {args.repeat}")  # fmt: skip
-    print_table(table, t_all, results, args.json)
+    print(f"command: python benches/bench.py {' '.join(raw) or '(defaults)'}")
+    if load_start > 0.5:
+        print(
+            f"note: the machine was not quiet (load {load_start:.2f} at start): "
+            "do not quote these figures"
+        )
+    sys.stdout.flush()
+
+    b.run_passes(which)
+    b.table_passes()
+    if "resume" in which:
+        b.resume()
+    if "state" in which:
+        b.state()
+    if "rss" in which:
+        b.rss()
+    hf_table: list[tuple[str, str, str, str]] = []
+    if "rows" in which:
+        hf_rows(b, hf_table)
+    if "resume-hf" in which:
+        hf_resume(b, hf_table)
+    if hf_table:
+        print_table(hf_table, title="(f)/(g) row mode vs HuggingFace datasets (one run each)")
+    if "loader" in which:
+        b.loader()
+    if "ceiling" in which:
+        b.ceiling()
+    load_end = benchlib.load1()
+    b.results["load_end"] = load_end
+    print()
+    print(
+        f"(load average {load_end:.2f} at end; total bench time {time.perf_counter() - t_all:.0f}s)"
+    )
+    benchlib.write_json(b.results, args.json)
     return 0
-
-
-def print_table(table: list, t_all: float, results: Any, json_path: str | None) -> None:
-    """The markdown table every bench prints (and its raw results as JSON, if asked)."""
-    print()
-    print("| benchmark | shardstream | baseline (same run) | ratio |")
-    print("|---|---|---|---|")
-    for row in table:
-        print("| " + " | ".join(row) + " |")
-    print()
-    print(f"(total bench time {time.perf_counter() - t_all:.0f}s)")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

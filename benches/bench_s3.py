@@ -28,7 +28,6 @@ import json
 import os
 import pickle
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,9 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from bench import BATCH, COLUMNS, ensure_data, pa_skip_to, print_table, warm_cache  # noqa: E402
+import benchlib  # noqa: E402
+from bench import BATCH, COLUMNS, ensure_data, save_states, shard_files, warm_cache  # noqa: E402
+from benchlib import print_table  # noqa: E402
 
 ALL = ("iter", "resume")
 BUCKET, PREFIX = "bench", "data"
@@ -47,10 +48,6 @@ FRACS = [0.01, 0.5, 0.9]
 
 
 # =========================================================================== child side
-
-
-def _files(data: str) -> list[str]:
-    return sorted(os.path.join(data, n) for n in os.listdir(data) if n.endswith(".parquet"))
 
 
 def _opts(endpoint: str) -> dict[str, str]:
@@ -73,52 +70,46 @@ def _pa_fs(endpoint: str) -> Any:
 
 
 def _keys(spec: dict) -> list[str]:
-    return [f"{BUCKET}/{PREFIX}/{os.path.basename(p)}" for p in _files(spec["data"])]
+    return [f"{BUCKET}/{PREFIX}/{os.path.basename(p)}" for p in shard_files(spec["data"])]
 
 
 def _ss_iter(spec: dict) -> dict:
     from shardstream import ParquetStream
+    from shardstream.cli.bench import timed_passes
 
     remote = spec["source"].startswith("s3://")
     kw = {"storage_options": _opts(spec["endpoint"])} if remote else {}
-    times, rows, stats = [], 0, {}
-    for _ in range(spec["repeat"]):
+
+    def one_pass(info: dict[str, Any]) -> Any:  # timed from the constructor (catalog) on
         t = time.perf_counter()
         ds = ParquetStream(spec["source"], columns=COLUMNS, batch_size=BATCH, output="arrow", **kw)
-        t_open = time.perf_counter() - t
-        opened = ds.stats() if remote else {}
-        rows = 0
-        for b in ds:
-            rows += b.num_rows
-        times.append(time.perf_counter() - t)
+        info["open_ms"] = (time.perf_counter() - t) * 1e3
+        opened = info["open"] = ds.stats() if remote else {}
+        yield from ds
         if remote:
             end = ds.stats()
-            stats = {
-                "open": opened,
-                "read": {k: end[k] - opened.get(k, 0) for k in end},
-                "open_ms": t_open * 1e3,
-            }
-    return {"seconds": min(times), "rows": rows, **stats}
+            info["read"] = {k: end[k] - opened.get(k, 0) for k in end}
+
+    runs = []
+    for _ in range(spec["repeat"]):
+        info: dict[str, Any] = {}
+        r = timed_passes(lambda info=info: one_pass(info))
+        runs.append({**r, **info} if remote else r)
+    return min(runs, key=lambda r: r["seconds"])
 
 
 def _pa_iter(spec: dict) -> dict:
-    import pyarrow.parquet as pq
+    from shardstream.cli.bench import pa_batches, timed_passes
 
     fs = _pa_fs(spec["endpoint"]) if spec.get("endpoint") else None
-    paths = _keys(spec) if fs is not None else _files(spec["data"])
-    times, rows = [], 0
-    for _ in range(spec["repeat"]):
-        t = time.perf_counter()
-        rows = 0
-        for path in paths:
-            src = fs.open_input_file(path) if fs is not None else path
-            pf = pq.ParquetFile(src, pre_buffer=spec.get("pre_buffer", False))
-            for b in pf.iter_batches(batch_size=BATCH, columns=COLUMNS):
-                rows += b.num_rows
-            if fs is not None:
-                src.close()
-        times.append(time.perf_counter() - t)
-    return {"seconds": min(times), "rows": rows}
+    paths = _keys(spec) if fs is not None else shard_files(spec["data"])
+
+    def batches() -> Any:
+        sources = (fs.open_input_file(p) for p in paths) if fs is not None else paths
+        return pa_batches(sources, COLUMNS, BATCH, pre_buffer=spec.get("pre_buffer", False))
+
+    runs = [timed_passes(batches) for _ in range(spec["repeat"])]
+    return min(runs, key=lambda r: r["seconds"])
 
 
 def _boto_get(spec: dict) -> dict:
@@ -133,59 +124,40 @@ def _boto_get(spec: dict) -> dict:
 
 
 def _ss_states(spec: dict) -> dict:
-    """Iterate the local copy once; save the state right after the first batch ending at or
-    after each fraction (a copy of the same files in the bucket is the same dataset)."""
-    from shardstream import ParquetStream
-
-    ds = ParquetStream(spec["data"], columns=COLUMNS, batch_size=BATCH, output="arrow")
-    n = ds.num_rows
-    targets = sorted((max(1, min(int(f * n), n - 2 * BATCH)), f) for f in spec["fracs"])
-    states: dict[str, Any] = {}
-    pending: list[str] = []
-    seen, i = 0, 0
-    for b in ds:
-        for key in pending:
-            states[key]["next_first_id"] = int(b.column(0)[0].as_py())
-        pending = []
-        seen += b.num_rows
-        while i < len(targets) and seen >= targets[i][0]:
-            key = repr(targets[i][1])
-            states[key] = {"state": ds.state_dict(), "rows_before": seen}
-            pending.append(key)
-            i += 1
-        if i >= len(targets) and not pending:
-            break
-    with open(spec["out"], "wb") as f:
-        pickle.dump(states, f)
-    return {k: {kk: vv for kk, vv in v.items() if kk != "state"} for k, v in states.items()}
+    """bench.py's states at each fraction, saved while iterating the local copy (a copy of the
+    same files in the bucket is the same dataset)."""
+    return save_states(spec["data"], 0, spec["fracs"], spec["out"])
 
 
 def _ss_resume(spec: dict) -> dict:
+    from shardstream import ParquetStream
+    from shardstream.cli.bench import time_resume
+
     with open(spec["states"], "rb") as f:
         st = pickle.load(f)[spec["key"]]
-    t0 = time.perf_counter()
-    from shardstream import ParquetStream
-
     kw: dict[str, Any] = {}
     if spec.get("readahead_threads") is not None:
         kw["readahead_threads"] = spec["readahead_threads"]
-    ds = ParquetStream(
-        spec["source"],
-        columns=COLUMNS,
-        batch_size=BATCH,
-        output="arrow",
-        storage_options=_opts(spec["endpoint"]),
-        **kw,
-    )
-    t1 = time.perf_counter()
-    opened = ds.stats()
-    ds.load_state_dict(st["state"])
-    b = next(iter(ds))
-    t2 = time.perf_counter()
+    made: list[Any] = []
+
+    def make() -> Any:
+        ds = ParquetStream(
+            spec["source"],
+            columns=COLUMNS,
+            batch_size=BATCH,
+            output="arrow",
+            storage_options=_opts(spec["endpoint"]),
+            **kw,
+        )
+        made.append((ds, ds.stats()))  # the catalog's requests, before the resume
+        return ds
+
+    ctor, resume, b = time_resume(make, st["state"])
+    ds, opened = made[0]
     after = ds.stats()
     return {
-        "ctor_ms": (t1 - t0) * 1e3,
-        "resume_ms": (t2 - t1) * 1e3,
+        "ctor_ms": ctor * 1e3,
+        "resume_ms": resume * 1e3,
         "first_id": int(b.column(0)[0].as_py()),
         "open": opened,
         "resume": {k: after[k] - opened.get(k, 0) for k in after},
@@ -195,9 +167,11 @@ def _ss_resume(spec: dict) -> dict:
 def _pa_seek(spec: dict) -> dict:
     """pyarrow over S3: jump to the row group holding row `rows_before` by footer row counts,
     then read and drop batches up to it (bench.py's baseline, on S3FileSystem files)."""
+    from shardstream.cli.bench import pa_skip_to
+
     fs = _pa_fs(spec["endpoint"])
     files = (fs.open_input_file(path) for path in _keys(spec))
-    return pa_skip_to(files, spec["rows_before"], seek=True)
+    return pa_skip_to(files, spec["rows_before"], True, COLUMNS, BATCH)
 
 
 def child_main(spec: dict) -> dict:
@@ -221,12 +195,7 @@ def child_main(spec: dict) -> dict:
 
 
 def run_child(spec: dict, timeout: float = 1800) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        sys.stderr.write(p.stdout + p.stderr)
-        raise RuntimeError(f"benchmark child {spec['kind']} failed (exit {p.returncode})")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return benchlib.run_child(__file__, spec, timeout)
 
 
 def rate(r: dict) -> str:
@@ -270,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     data = ensure_data(args.data_root, args.rows, args.shards)
     warm_cache(data)
-    files = _files(data)
+    files = shard_files(data)
     size = sum(os.path.getsize(p) for p in files)
     import pyarrow.parquet as pq
 
@@ -433,7 +402,10 @@ def main(argv: list[str] | None = None) -> int:
         f"command: python benches/bench_s3.py --rows {args.rows} --shards {args.shards} "
         f"--only {','.join(which)} --repeat {args.repeat}{quick}"
     )
-    print_table(table, t_all, results, args.json)
+    print_table(table)
+    print()
+    print(f"(total bench time {time.perf_counter() - t_all:.0f}s)")
+    benchlib.write_json(results, args.json)
     return 0
 
 

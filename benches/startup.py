@@ -6,7 +6,8 @@ against pyarrow opening the same files (``pyarrow.dataset`` discovery + reading 
 
 Shards are generated once (cached under --dir). Timings are warm page cache (the files were just
 written or read), best of --repeat runs, each in a fresh process (timed after imports) so nothing
-is cached in memory.
+is cached in memory. Each child also reports its RSS after imports and after the first batch;
+``make bench``'s (e) section uses ``generate`` and ``child`` for the RSS per 1,000 shards.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ CHILD = r"""
 import json, sys, time
 import pyarrow.dataset as pads
 from shardstream import ParquetStream
+def rss_mb():  # resident set size of this process (Linux; 0 elsewhere)
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024
+    except OSError:
+        return 0.0
 mode, root, extra = sys.argv[1], sys.argv[2], sys.argv[3]
+rss0 = rss_mb()
 t0 = time.perf_counter()  # after imports: both sides pay the same interpreter start-up
 if mode == "pyarrow":
     ds = pads.dataset(root, format="parquet")
@@ -39,7 +47,9 @@ else:
     it = iter(ds)
     next(it)
     t_first = time.perf_counter() - t0
-print(json.dumps({"open": t_open, "first": t_first}))
+rss = rss_mb()
+print(json.dumps({"open": t_open, "first": t_first, "rss_imports_mb": rss0, "rss_mb": rss,
+                  "rss_over_imports_mb": rss - rss0}))
 """
 
 

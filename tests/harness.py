@@ -24,6 +24,7 @@ import json
 import os
 import pickle
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -399,6 +400,48 @@ def run_child(tmp_dir: str, source: Any, settings: dict, state: Any = None, tag:
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
     keys = json.loads(line[len("RESULT") :])
     return [tuple(k) if isinstance(k, list) else k for k in keys]
+
+
+# ------------------------------------------------------------------ multi-process jobs
+
+
+def child_env() -> dict:
+    """Environment for a job's processes: no rank variables of ours leak in, one thread each,
+    the tests directory importable (``harness``)."""
+    env = dict(os.environ)
+    for var in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "TORCHELASTIC_RUN_ID",
+    ):
+        env.pop(var, None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([TESTS_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def torchrun(nproc: int, script: str, *args: str, env: dict | None = None, timeout: int = 300):
+    """Run ``script args`` in ``nproc`` processes under torchrun (``--standalone`` picks a free
+    port); fails the test with the output's tail unless every process exits 0."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc_per_node={nproc}", script, *args]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**child_env(), **(env or {})}
+    )
+    # Each rank's exception line first: torchrun's own summary fills the tail.
+    raised = [ln for ln in proc.stderr.splitlines() if re.match(r"\[rank\d+\]: \w[\w.]*: ", ln)]
+    assert proc.returncode == 0, (
+        f"torchrun {os.path.basename(script)} {' '.join(args)} failed ({proc.returncode}):\n"
+        + "\n".join(raised[-8:])
+        + f"\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+    return proc
 
 
 # ------------------------------------------------------------------ states

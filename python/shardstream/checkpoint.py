@@ -16,7 +16,10 @@ that loads completely, skipping temporary files left by a killed save and (defen
 file that fails to load.
 
 Files are plain ``torch.save`` files (``pickle`` when torch is not installed), loadable with
-``torch.load(path, weights_only=True)`` without this module::
+``torch.load(path, weights_only=True)`` without this module. Loading never imports or calls
+what a file names: ``torch.save`` files are read with ``weights_only=True`` (tensors and plain
+data), other pickles as plain built-ins only, with or without torch installed; a file naming
+anything else is refused with an error, not skipped::
 
     from shardstream.checkpoint import load_latest_checkpoint, save_checkpoint
 
@@ -38,6 +41,8 @@ import re
 import tempfile
 from collections.abc import Callable
 from typing import IO, Any
+
+from . import _pickle
 
 __all__ = [
     "atomic_write",
@@ -106,12 +111,7 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _load(path: str) -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    return torch.load(path, weights_only=True)
+    return _pickle.load(path)[0]
 
 
 def checkpoint_path(directory: str | os.PathLike[str], step: int, prefix: str = "ckpt") -> str:
@@ -177,13 +177,21 @@ def load_latest_checkpoint(
 ) -> tuple[int, Any, str] | None:
     """``(step, obj, path)`` of the newest checkpoint in ``directory`` that loads completely,
     or ``None`` if there is none. A file that fails to load (which an atomic save never
-    produces, but a damaged disk might) is skipped in favour of the next older one."""
+    produces, but a damaged disk might) is skipped in favour of the next older one.
+
+    Raises:
+        pickle.UnpicklingError: a checkpoint names a class or function that loading would
+            import or call (only tensors and plain data are read); it names the file.
+        ModuleNotFoundError: a checkpoint is a ``torch.save`` file and torch is not installed.
+    """
     for step in reversed(list_checkpoints(directory, prefix)):
         path = checkpoint_path(directory, step, prefix)
         try:
             return step, _load(path), path
         except FileNotFoundError:  # pruned by a concurrent save
             continue
+        except (_pickle.RefusedPickleError, ImportError):
+            raise  # not damage: a file that must not be loaded, or one this process cannot read
         except Exception:  # noqa: BLE001 - a damaged file: fall back to an older one
             continue
     return None

@@ -1,8 +1,9 @@
 """Turning Arrow record batches from the core into what the user asked for (``output=``).
 
 Numeric columns without nulls reach numpy and torch without copies (numpy views of the Arrow
-buffer; ``torch.from_dlpack``). ``list<number>`` columns become one 1-D array/tensor per row,
-each a view into the flattened values (sliced by the Arrow offsets). Strings stay ``str``;
+buffer; ``torch.from_dlpack``). ``list<number>`` columns become a :class:`SplitList`: one 1-D
+array/tensor per row, each a view into the flattened values (sliced by the Arrow offsets), that
+crosses a DataLoader's worker pipe as that one values array plus offsets. Strings stay ``str``;
 anything else (nulls in numeric columns, nested structs, ...) falls back to Python values.
 ``output="python"`` values are exactly ``to_pylist()``'s, made faster by ``_rows``.
 """
@@ -16,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from . import _rows
+
+__all__ = ["LIST_FORMATS", "OUTPUTS", "Converter", "SplitList"]
 
 OUTPUTS = ("torch", "numpy", "python", "arrow")
 # How batch mode returns list<number> columns with numpy/torch output.
@@ -34,6 +37,133 @@ def _kind(t: pa.DataType) -> int:
     if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_num(t.value_type):
         return _LIST_NUM
     return _OTHER
+
+
+class SplitList(list):  # type: ignore[type-arg]
+    """A ``list`` column of a batch (``list_format="split"``): a plain ``list`` whose items are
+    1-D ``torch.Tensor``s (``output="torch"``) or ``numpy.ndarray``s (``output="numpy"``), one
+    per row, each a view into one flat values array; ``None`` for a null row.
+
+    It is a real ``list`` (indexing, iteration, ``len()``, ``torch.stack``/``cat``,
+    ``torch.nn.utils.rnn.pad_sequence`` work as on any list), with two differences, both about
+    moving it: pickled (e.g. from a DataLoader worker to the main process) it travels as the
+    values array plus the offsets and is rebuilt there as views, instead of one tensor per row;
+    and ``pin_memory()`` (called by a ``DataLoader(pin_memory=True)``) pins the values once and
+    returns views of the pinned copy. Once the list itself is changed (items set, added, removed
+    or reordered) it is pickled and pinned item by item like any list.
+    """
+
+    __slots__ = ("_offsets", "_valid", "_values")
+    _values: Any  # the flat values (tensor or array); None once the list has changed
+    _offsets: Any  # int64 numpy offsets from 0, one more than rows
+    _valid: Any  # numpy bool per row, or None: no null rows
+
+    @classmethod
+    def _from_parts(cls, values: Any, offsets: np.ndarray, valid: np.ndarray | None) -> SplitList:
+        """Views of ``values`` cut at ``offsets`` (int64, from 0); ``None`` where not ``valid``."""
+        n = len(offsets) - 1
+        if n == 0:
+            parts: Any = []
+        elif isinstance(values, np.ndarray):
+            parts = np.split(values, offsets[1:-1])
+        else:
+            parts = values.tensor_split(offsets[1:-1].tolist())
+        out = cls(parts)
+        if valid is not None:
+            for i in np.flatnonzero(~valid).tolist():
+                list.__setitem__(out, i, None)
+        out._values, out._offsets, out._valid = values, offsets, valid
+        return out
+
+    def _compact(self) -> bool:
+        return getattr(self, "_values", None) is not None
+
+    def _changed(self) -> None:
+        self._values = self._offsets = self._valid = None
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        if not self._compact():
+            return (SplitList, (list(self),))
+        values = self._values
+        if not isinstance(values, np.ndarray) and values.nbytes <= _INLINE_BYTES:
+            # Small values travel inside the pickle: a DataLoader would otherwise move them to
+            # shared memory and pass its file descriptor through a socket, which costs more.
+            return (_rebuild_split, (values.numpy(), self._offsets, self._valid, True))
+        return (_rebuild_split, (values, self._offsets, self._valid))
+
+    def __copy__(self) -> SplitList:
+        out = SplitList(self)
+        if self._compact():
+            out._values, out._offsets, out._valid = self._values, self._offsets, self._valid
+        return out
+
+    def pin_memory(self, device: Any = None) -> SplitList:
+        if self._compact() and not isinstance(self._values, np.ndarray):
+            return SplitList._from_parts(self._values.pin_memory(), self._offsets, self._valid)
+        return SplitList(None if x is None else x.pin_memory() for x in self)
+
+    # Any change to the list itself: from then on it is an ordinary list of its items.
+    def __setitem__(self, i: Any, v: Any) -> None:
+        if not (isinstance(i, int) and self._compact() and list.__getitem__(self, i) is v):
+            self._changed()  # setting an item to itself (DataLoader's default_convert) is no change
+        list.__setitem__(self, i, v)
+
+    def __delitem__(self, i: Any) -> None:
+        self._changed()
+        list.__delitem__(self, i)
+
+    def __iadd__(self, other: Any) -> SplitList:  # type: ignore[override,misc]
+        self._changed()
+        return list.__iadd__(self, other)  # type: ignore[return-value]
+
+    def __imul__(self, n: Any) -> SplitList:  # type: ignore[override,misc]
+        self._changed()
+        return list.__imul__(self, n)  # type: ignore[return-value]
+
+    def append(self, v: Any) -> None:
+        self._changed()
+        list.append(self, v)
+
+    def extend(self, v: Any) -> None:
+        self._changed()
+        list.extend(self, v)
+
+    def insert(self, i: Any, v: Any) -> None:
+        self._changed()
+        list.insert(self, i, v)
+
+    def pop(self, i: Any = -1) -> Any:
+        self._changed()
+        return list.pop(self, i)
+
+    def remove(self, v: Any) -> None:
+        self._changed()
+        list.remove(self, v)
+
+    def clear(self) -> None:
+        self._changed()
+        list.clear(self)
+
+    def reverse(self) -> None:
+        self._changed()
+        list.reverse(self)
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        self._changed()
+        list.sort(self, *args, **kwargs)
+
+
+def _rebuild_split(
+    values: Any, offsets: np.ndarray, valid: np.ndarray | None, tensor: bool = False
+) -> SplitList:
+    if tensor:
+        import torch
+
+        values = torch.from_numpy(values)
+    return SplitList._from_parts(values, offsets, valid)
+
+
+_INLINE_BYTES = 1 << 16
 
 
 class Converter:
@@ -84,16 +214,11 @@ class Converter:
         if flat is None:
             empty = np.empty(0, dtype=values.type.to_pandas_dtype())
             flat = self._torch.from_numpy(empty) if self._torch else empty
+        offsets = offsets.astype(np.int64, copy=False)
         if fmt != "split" and not arr.null_count:
-            return self._list_joined(flat, offsets.astype(np.int64), fmt)
-        if self._torch is not None:
-            parts = list(self._torch.split(flat, np.diff(offsets).tolist()))
-        else:
-            parts = np.split(flat, offsets[1:-1])
-        if arr.null_count:
-            valid = arr.is_valid().to_pylist()
-            parts = [p if ok else None for p, ok in zip(parts, valid, strict=True)]
-        return parts
+            return self._list_joined(flat, offsets, fmt)
+        valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
+        return SplitList._from_parts(flat, offsets, valid)
 
     def _list_joined(self, flat: Any, offsets: np.ndarray, fmt: str) -> Any:
         """``offsets`` / ``padded`` / ``nested`` forms of a list column (no null rows)."""
@@ -104,14 +229,12 @@ class Converter:
         if fmt == "nested":
             return t.nested.nested_tensor_from_jagged(flat, t.from_numpy(offsets))
         width = int(lengths.max()) if len(lengths) else 0
-        rows = np.repeat(np.arange(len(lengths)), lengths)
-        cols = np.arange(len(rows)) - np.repeat(offsets[:-1], lengths)
+        values = flat.numpy() if t is not None else flat
+        padded = np.zeros((len(lengths), width), dtype=values.dtype)
+        # The cells left of each row's length, in row-major order, are exactly the values.
+        padded[np.arange(width) < lengths[:, None]] = values
         if t is not None:
-            padded = t.zeros((len(lengths), width), dtype=flat.dtype)
-            padded[t.from_numpy(rows), t.from_numpy(cols)] = flat
-            return (padded, t.from_numpy(lengths))
-        padded = np.zeros((len(lengths), width), dtype=flat.dtype)
-        padded[rows, cols] = flat
+            return (t.from_numpy(padded), t.from_numpy(lengths))
         return (padded, lengths)
 
     def _column(self, arr: pa.Array, kind: int, fmt: str = "split") -> Any:

@@ -199,7 +199,7 @@ def write_shards(
       the list writes a zero-row row group).
     * ``page_index``: write the Parquet page index (column/offset index) or not.
     * ``progress``: called with the number of rows after each row group is written
-      (e.g. ``shardstream._progress.Progress.update``).
+      (e.g. ``shardstream.cli._progress.Progress.update``).
     """
     os.makedirs(out_dir, exist_ok=True)
     if row_group_size is not None and not isinstance(row_group_size, int):

@@ -6,8 +6,9 @@ Usage: ``python tests/wheel/check_dist.py WHEEL SDIST``. Exits 1 naming what is 
   ``manylinux20xx`` platform tag on Linux (maturin's auditwheel check passed, so no external
   shared libraries), holding every module of ``python/shardstream``, the compiled
   ``_core.abi3.so``, ``py.typed``, the console script, ``Requires-Python: >=3.10``;
-* sdist: everything needed to build the wheel from source (pyproject, Cargo workspace and
-  lock file, both crates, the Python package, README) and no build products.
+* sdist: everything needed to build the wheel from source (pyproject and the PEP 517 backend it
+  names, Cargo workspace and lock file, both crates, the Python package, README) and no build
+  products.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def check_wheel(path: str) -> list[str]:
 SDIST_REQUIRED = [
     "PKG-INFO",
     "pyproject.toml",
+    "build_backend/shardstream_backend.py",
     "README.md",
     "Cargo.toml",
     "Cargo.lock",

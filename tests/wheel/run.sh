@@ -9,9 +9,11 @@
 #    instead of downloading GBs; shardstream itself is NOT there) gets the wheel installed
 #    (pip install --no-deps --ignore-installed WHEEL, then WHEEL[test] for the dependencies).
 # 3. pytest runs the repo's tests/ against it from an empty directory, so the source tree's
-#    python/ is not importable, with cargo and rustc removed from PATH.  tests/test_installed.py
+#    python/ is not importable, with cargo and rustc removed from PATH.  tests/wheel/test_installed.py
 #    (active because SHARDSTREAM_WHEEL_VENV is set) asserts shardstream.__file__ is in the
-#    venv's site-packages and no Rust toolchain is reachable.
+#    venv's site-packages, no Rust toolchain is reachable and, on Linux, that the installed
+#    extension needs glibc <= 2.17 and auditwheel finds the wheel (SHARDSTREAM_WHEEL_FILE)
+#    manylinux_2_17.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -55,7 +57,7 @@ mkdir "$work/run"
 cd "$work/run"
 run() {
     env -u PYTHONPATH -u VIRTUAL_ENV -u PYO3_PYTHON -u CARGO_TARGET_DIR -u RUSTUP_TOOLCHAIN \
-        PATH="$clean_path" SHARDSTREAM_WHEEL_VENV="$work/venv" "$@"
+        PATH="$clean_path" SHARDSTREAM_WHEEL_VENV="$work/venv" SHARDSTREAM_WHEEL_FILE="$whl" "$@"
 }
 run "$VPY" -c 'import shardstream, shardstream._core as c; print(">>> testing", shardstream.__version__, "from", shardstream.__file__)'
 run shardstream --version

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Even, Slot, SlotSpec};
+use crate::settings::StreamOptions;
+use crate::state::check_state;
 use crate::state::SlotState;
-use crate::stream::{check_state, StreamOptions};
 
 /// What one epoch still owes, in old-slot order.
 #[derive(Default)]
@@ -31,33 +32,85 @@ struct Remainder {
     ranges: Vec<Range<u64>>,
 }
 
-/// Check every old state (as [`merged_state`] would) without computing any new slot's piece.
+/// An old slot's state, validated against the old layout: its spec in its own epoch is known.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub slot: Slot,
+    pub state: SlotState,
+    /// What the state reads in its epoch (standard, or from its own `specs`).
+    pub spec: SlotSpec,
+}
+
+/// Validate the states of one old layout (policy `old_even`): every slot at most once, all of
+/// one slot count, each a position its slot can have reached. One epoch plan is built per
+/// epoch for all of them (building one is O(row groups)).
 pub fn check_states(
     catalog: &Arc<Catalog>,
     opts: &StreamOptions,
-    old: &[(Slot, SlotState)],
+    old: Vec<(Slot, SlotState)>,
     old_even: Even,
-) -> Result<()> {
-    let by_index = index_states(old)?;
-    remainders(catalog, opts, old[0].0.count, &by_index, old_even).map(|_| ())
+) -> Result<Vec<Checked>> {
+    let count = old
+        .first()
+        .map(|(s, _)| s.count)
+        .ok_or_else(|| Error::State("no states to resume from".into()))?;
+    let old_opts = StreamOptions {
+        even: old_even,
+        ..opts.clone()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut plans: BTreeMap<u64, Arc<EpochPlan>> = BTreeMap::new();
+    let mut out = Vec::with_capacity(old.len());
+    for (slot, state) in old {
+        if slot.count != count {
+            return Err(Error::State(format!(
+                "states come from different layouts ({} and {} slots); pass the states of one checkpoint",
+                count, slot.count
+            )));
+        }
+        if !seen.insert(slot.index) {
+            return Err(Error::State(format!(
+                "two states for slot {} of {count}",
+                slot.index
+            )));
+        }
+        let plan = plans
+            .entry(state.epoch)
+            .or_insert_with(|| {
+                Arc::new(EpochPlan::new(
+                    catalog.units(),
+                    opts.seed,
+                    state.epoch,
+                    opts.shuffle_buffer > 0,
+                ))
+            })
+            .clone();
+        let spec = check_state(&old_opts, slot, &plan, &state)?;
+        out.push(Checked { slot, state, spec });
+    }
+    out.sort_by_key(|c| c.slot.index);
+    Ok(out)
 }
 
-/// The state a slot of the new layout starts from, given every old slot's state.
-/// `old_even` is the policy the old layout ran with (a single rank runs with `Even::Off`).
+/// The state a slot of the new layout (policy `opts.even`) starts from, given every old slot's
+/// validated state ([`check_states`]; `old_even` is the policy the old layout ran with).
 pub fn merged_state(
     catalog: &Arc<Catalog>,
     opts: &StreamOptions,
-    old: &[(Slot, SlotState)],
+    old: &[Checked],
     old_even: Even,
     new: Slot,
 ) -> Result<SlotState> {
-    let by_index = index_states(old)?;
-    let count = old[0].0.count;
+    let count = old
+        .first()
+        .map(|c| c.slot.count)
+        .ok_or_else(|| Error::State("no states to resume from".into()))?;
     if count == new.count && old_even == opts.even {
         // Same layout: continue this slot's own state, so the stream is identical.
-        return by_index
-            .get(&new.index)
-            .map(|st| (*st).clone())
+        return old
+            .iter()
+            .find(|c| c.slot.index == new.index)
+            .map(|c| c.state.clone())
             .ok_or_else(|| {
                 Error::State(format!(
                     "no state for slot {} of {count} among the states given",
@@ -65,14 +118,16 @@ pub fn merged_state(
                 ))
             });
     }
-    let missing: Vec<u32> = (0..count).filter(|i| !by_index.contains_key(i)).collect();
+    let missing: Vec<u32> = (0..count)
+        .filter(|i| !old.iter().any(|c| c.slot.index == *i))
+        .collect();
     if !missing.is_empty() {
         return Err(Error::State(format!(
             "resuming {count} slots as {} needs the states of all {count}; missing slots {missing:?}",
             new.count
         )));
     }
-    let owed = remainders(catalog, opts, count, &by_index, old_even)?;
+    let owed = remainders(catalog, opts, old, old_even);
     let specs: Vec<(u64, SlotSpec)> = owed
         .into_iter()
         .map(|(e, r)| (e, piece(&r, new, opts.even)))
@@ -80,9 +135,9 @@ pub fn merged_state(
     let Some(&(epoch, _)) = specs.first() else {
         // Every old slot is past the last epoch: so is the new one.
         let end = opts.epochs.map(|n| opts.first_epoch + n);
-        let last = by_index
-            .values()
-            .map(|st| st.epoch)
+        let last = old
+            .iter()
+            .map(|c| c.state.epoch)
             .max()
             .unwrap_or(opts.first_epoch);
         return Ok(SlotState::start_of(end.unwrap_or(last)));
@@ -96,84 +151,42 @@ pub fn merged_state(
     Ok(st)
 }
 
-/// Old states by slot index; all from one layout, none twice.
-fn index_states(old: &[(Slot, SlotState)]) -> Result<BTreeMap<u32, &SlotState>> {
-    let count = old
-        .first()
-        .map(|(s, _)| s.count)
-        .ok_or_else(|| Error::State("no states to resume from".into()))?;
-    let mut by_index = BTreeMap::new();
-    for (slot, st) in old {
-        if slot.count != count {
-            return Err(Error::State(format!(
-                "states come from different layouts ({} and {} slots); pass the states of one checkpoint",
-                count, slot.count
-            )));
-        }
-        if by_index.insert(slot.index, st).is_some() {
-            return Err(Error::State(format!(
-                "two states for slot {} of {count}",
-                slot.index
-            )));
-        }
-    }
-    Ok(by_index)
-}
-
-/// Validate every old state and collect what each unfinished epoch still owes.
+/// What each unfinished epoch still owes, given every old slot's validated state.
 fn remainders(
     catalog: &Arc<Catalog>,
     opts: &StreamOptions,
-    count: u32,
-    by_index: &BTreeMap<u32, &SlotState>,
+    old: &[Checked],
     old_even: Even,
-) -> Result<BTreeMap<u64, Remainder>> {
+) -> BTreeMap<u64, Remainder> {
     let end = opts.epochs.map(|n| opts.first_epoch + n);
-    let old_opts = StreamOptions {
-        even: old_even,
-        ..opts.clone()
-    };
     let mut owed: BTreeMap<u64, Remainder> = BTreeMap::new();
-    let last = by_index
-        .values()
-        .map(|st| st.epoch)
+    let last = old
+        .iter()
+        .map(|c| c.state.epoch)
         .max()
         .unwrap_or(opts.first_epoch);
     let last = end.map_or(last, |e| last.min(e.saturating_sub(1)));
-    // One plan per epoch for all old slots (building one is O(row groups)).
-    let mut plans: BTreeMap<u64, Arc<EpochPlan>> = BTreeMap::new();
-    let shuffle = opts.shuffle_buffer > 0;
-    for (&index, st) in by_index {
-        let plan = plans
-            .entry(st.epoch)
-            .or_insert_with(|| {
-                Arc::new(EpochPlan::new(
-                    catalog.units(),
-                    opts.seed,
-                    st.epoch,
-                    shuffle,
-                ))
-            })
-            .clone();
-        let slot = Slot::new(index, count)?;
-        let spec = check_state(&old_opts, slot, &plan, st)?;
+    // Every epoch has the same total, so one count serves the standard specs of all of them.
+    let total = catalog.total_rows();
+    for c in old {
+        let st = &c.state;
         if end.is_some_and(|e| st.epoch >= e) {
             continue;
         }
         let r = owed.entry(st.epoch).or_default();
         r.rows.extend_from_slice(&st.buffer);
-        r.ranges.extend(spec.ranges_after(st.cursor));
+        r.ranges.extend(c.spec.ranges_after(st.cursor));
         for e in st.epoch + 1..=last {
             let spec = st
                 .spec_for(e)
                 .cloned()
-                .unwrap_or_else(|| slot.standard_spec(plan.total(), old_even));
+                .unwrap_or_else(|| c.slot.standard_spec(total, old_even));
             let r = owed.entry(e).or_default();
             r.rows.extend(spec.injected);
             r.ranges.extend(spec.ranges);
         }
     }
-    Ok(owed)
+    owed
 }
 
 /// Slot `new`'s balanced piece of a remainder laid out as `rows ++ ranges`.
@@ -218,9 +231,21 @@ fn piece(r: &Remainder, new: Slot, even: Even) -> SlotSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::tests::{drain_ids, write_shards};
     use crate::stream::Stream;
+    use crate::test_util::{drain_ids, ids, write_shards};
     use proptest::prelude::*;
+
+    /// Validate then merge, as a resume does.
+    fn merge(
+        cat: &Arc<Catalog>,
+        o: &StreamOptions,
+        states: &[(Slot, SlotState)],
+        old_even: Even,
+        new: Slot,
+    ) -> Result<SlotState> {
+        let checked = check_states(cat, o, states.to_vec(), old_even)?;
+        merged_state(cat, o, &checked, old_even, new)
+    }
 
     fn opts(shuffle: usize, even: Even) -> StreamOptions {
         StreamOptions {
@@ -258,7 +283,7 @@ mod tests {
                 for _ in 0..cuts[i as usize] {
                     let before = s.state().epoch;
                     match s.next_batch(bs).unwrap() {
-                        Some(b) => emitted.extend(crate::stream::tests::ids(&b).into_iter().map(|x| (before.max(s.state().epoch), x))),
+                        Some(b) => emitted.extend(ids(&b).into_iter().map(|x| (before.max(s.state().epoch), x))),
                         None => break,
                     }
                 }
@@ -266,13 +291,13 @@ mod tests {
             }
             for j in 0..new_count {
                 let slot = Slot::new(j, new_count).unwrap();
-                let st = merged_state(&cat, &o, &states, Even::Off, slot).unwrap();
+                let st = merge(&cat, &o, &states, Even::Off, slot).unwrap();
                 let mut s = Stream::new(cat.clone(), o.clone(), slot).unwrap();
                 s.restore(&st).unwrap();
                 loop {
                     let before = s.state().epoch;
                     match s.next_batch(bs).unwrap() {
-                        Some(b) => emitted.extend(crate::stream::tests::ids(&b).into_iter().map(|x| (before.max(s.state().epoch), x))),
+                        Some(b) => emitted.extend(ids(&b).into_iter().map(|x| (before.max(s.state().epoch), x))),
                         None => break,
                     }
                 }
@@ -301,7 +326,7 @@ mod tests {
             for i in 0..count {
                 let slot = Slot::new(i, count).unwrap();
                 let mut s = Stream::new(cat.clone(), o.clone(), slot).unwrap();
-                s.restore(&merged_state(&cat, &o, &states, Even::Off, slot).unwrap()).unwrap();
+                s.restore(&merge(&cat, &o, &states, Even::Off, slot).unwrap()).unwrap();
                 prop_assert_eq!(drain_ids(&mut s, 3), rests[i as usize].clone());
             }
         }
@@ -326,7 +351,7 @@ mod tests {
             for j in 0..new_count {
                 let slot = Slot::new(j, new_count).unwrap();
                 let mut s = Stream::new(cat.clone(), o.clone(), slot).unwrap();
-                s.restore(&merged_state(&cat, &o, &states, o.even, slot).unwrap()).unwrap();
+                s.restore(&merge(&cat, &o, &states, o.even, slot).unwrap()).unwrap();
                 let mut counts = BTreeMap::new();
                 loop {
                     let e = s.state().epoch;
@@ -357,16 +382,11 @@ mod tests {
             Err(Error::State(m)) => m,
             other => panic!("expected a state error, got {other:?}"),
         };
+        assert!(msg(merge(&cat, &o, &[two(0)], Even::Off, new)).contains("missing slots [1]"));
+        assert!(msg(merge(&cat, &o, &[two(0), two(0)], Even::Off, new)).contains("two states"));
         assert!(
-            msg(merged_state(&cat, &o, &[two(0)], Even::Off, new)).contains("missing slots [1]")
+            msg(merge(&cat, &o, &[two(0), three], Even::Off, new)).contains("different layouts")
         );
-        assert!(
-            msg(merged_state(&cat, &o, &[two(0), two(0)], Even::Off, new)).contains("two states")
-        );
-        assert!(
-            msg(merged_state(&cat, &o, &[two(0), three], Even::Off, new))
-                .contains("different layouts")
-        );
-        assert!(msg(merged_state(&cat, &o, &[], Even::Off, new)).contains("no states"));
+        assert!(msg(merge(&cat, &o, &[], Even::Off, new)).contains("no states"));
     }
 }

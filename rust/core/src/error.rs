@@ -29,6 +29,17 @@ pub enum Error {
     #[error("{0}")]
     State(String),
 
+    /// A state saved over this dataset before some of its shards changed: `added` and
+    /// `changed` name shards (relative paths), `removed` counts shards gone (the state does not
+    /// store their paths).
+    #[error("{message}")]
+    ShardsChanged {
+        message: String,
+        added: Vec<String>,
+        changed: Vec<String>,
+        removed: u64,
+    },
+
     /// An invalid setting (e.g. zero slots).
     #[error("{0}")]
     Config(String),

@@ -12,7 +12,7 @@
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use crate::catalog::Catalog;
+pub use crate::catalog::Unit;
 use crate::error::{Error, Result};
 use crate::rng::{derive_key, permute, Prng};
 
@@ -119,34 +119,6 @@ impl Slot {
             injected: Vec::new(),
         }
     }
-}
-
-/// A non-empty row group: the unit the epoch order permutes.
-#[derive(Debug, Clone, Copy)]
-pub struct Unit {
-    pub shard: u32,
-    pub row_group: u32,
-    pub rows: u64,
-    /// Global row id of the unit's first row.
-    pub first_row: u64,
-}
-
-/// All non-empty row groups in catalog order (sorted by `first_row`); see [`Catalog::units`].
-pub(crate) fn units(catalog: &Catalog) -> Arc<Vec<Unit>> {
-    let mut out = Vec::new();
-    for (s, shard) in catalog.shards().iter().enumerate() {
-        for (g, rg) in shard.row_groups.iter().enumerate() {
-            if rg.num_rows > 0 {
-                out.push(Unit {
-                    shard: s as u32,
-                    row_group: g as u32,
-                    rows: rg.num_rows,
-                    first_row: shard.first_row + rg.first_row,
-                });
-            }
-        }
-    }
-    Arc::new(out)
 }
 
 /// A contiguous run of rows inside one row group, in epoch order.

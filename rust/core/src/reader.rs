@@ -119,6 +119,7 @@ fn open_row_group(
         });
     }
     let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+    shard.check_unchanged(&file)?;
     if shard.has_offset_index {
         // Pieces are small and cut on page boundaries (prefetch.rs), so reading their pages up
         // front costs little memory, and decoding from memory was ~1.3x faster than the
@@ -204,7 +205,9 @@ fn utf8_checks(shard: &Shard) -> Result<Vec<bool>> {
         .collect())
 }
 
-/// Reorder a file's projected columns into the requested order under the output schema.
+/// Reorder a file's projected columns into the requested order, each cast to the output
+/// schema's type where this shard's type differs (see `catalog::schema`: a `null` column, other
+/// list child names or nullability, narrower dictionary keys, another time zone name).
 fn to_output(
     catalog: &Catalog,
     shard: &Shard,
@@ -212,19 +215,38 @@ fn to_output(
     rows: usize,
     columns: Vec<ArrayRef>,
 ) -> Result<RecordBatch> {
-    let cols: Vec<ArrayRef> = shard.reorder.iter().map(|&i| columns[i].clone()).collect();
-    for ((col, field), _) in cols
+    let mut cols = Vec::with_capacity(shard.reorder.len());
+    for ((&i, field), &check) in shard
+        .reorder
         .iter()
         .zip(catalog.schema().fields())
         .zip(checks)
-        .filter(|(_, &check)| check)
     {
-        col.to_data().validate_full().map_err(|e| {
-            Error::shard(
-                &shard.path,
-                format!("column {:?}: invalid string data: {e}", field.name()),
-            )
-        })?;
+        let col = &columns[i];
+        if check {
+            col.to_data().validate_full().map_err(|e| {
+                Error::shard(
+                    &shard.path,
+                    format!("column {:?}: invalid string data: {e}", field.name()),
+                )
+            })?;
+        }
+        if col.data_type() == field.data_type() {
+            cols.push(col.clone());
+        } else {
+            cols.push(
+                crate::catalog::conform(col, field.data_type()).map_err(|e| {
+                    Error::shard(
+                        &shard.path,
+                        format!(
+                            "column {:?}: cannot read as {}: {e}",
+                            field.name(),
+                            crate::catalog::type_name(field.data_type())
+                        ),
+                    )
+                })?,
+            );
+        }
     }
     let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
     RecordBatch::try_new_with_options(catalog.schema().clone(), cols, &options)

@@ -7,30 +7,43 @@
 //! | `Shard`               | `shardstream.ShardError` (a `ShardstreamError`)     |
 //! | `Schema`              | `shardstream.SchemaError` (also a `ValueError`)     |
 //! | `State`               | `shardstream.StateError` (also a `ValueError`)      |
+//! | `ShardsChanged`       | `shardstream.ShardsChangedError` (a `StateError`)   |
 //! | `Config`              | `ValueError`                                        |
 //! | `Internal`, a panic   | `shardstream.ShardstreamError`                      |
 //!
 //! The exception classes live in `shardstream/errors.py` (plain Python, so they can inherit from
-//! both `ShardstreamError` and a built-in, and pickle across DataLoader worker processes).
+//! both `ShardstreamError` and a built-in, and pickle across DataLoader worker processes); each
+//! is looked up once per process.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
 use shardstream_core::error::panic_message;
 use shardstream_core::Error;
 
-fn shardstream_exc(py: Python<'_>, class: &str, msg: String) -> PyErr {
-    match py
-        .import("shardstream.errors")
-        .and_then(|m| m.getattr(class))
-    {
-        Ok(cls) => match cls.call1((msg.clone(),)) {
+static SHARDSTREAM_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static SHARD_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static SCHEMA_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static STATE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static SHARDS_CHANGED_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+fn raise<'py>(
+    py: Python<'py>,
+    class: &PyOnceLock<Py<PyType>>,
+    name: &str,
+    args: impl pyo3::call::PyCallArgs<'py>,
+    msg: &str,
+) -> PyErr {
+    match class.import(py, "shardstream.errors", name) {
+        Ok(cls) => match cls.call1(args) {
             Ok(inst) => PyErr::from_value(inst),
             Err(e) => e,
         },
         // Only if the Python package is broken; still never a panic.
-        Err(_) => PyValueError::new_err(msg),
+        Err(_) => PyValueError::new_err(msg.to_string()),
     }
 }
 
@@ -42,11 +55,29 @@ pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
             PyPermissionError::new_err(msg)
         }
         Error::Io { .. } => PyOSError::new_err(msg),
-        Error::Shard { .. } => shardstream_exc(py, "ShardError", msg),
-        Error::Schema(_) => shardstream_exc(py, "SchemaError", msg),
-        Error::State(_) => shardstream_exc(py, "StateError", msg),
+        Error::Shard { .. } => raise(py, &SHARD_ERROR, "ShardError", (msg.clone(),), &msg),
+        Error::Schema(_) => raise(py, &SCHEMA_ERROR, "SchemaError", (msg.clone(),), &msg),
+        Error::State(_) => raise(py, &STATE_ERROR, "StateError", (msg.clone(),), &msg),
+        Error::ShardsChanged {
+            added,
+            changed,
+            removed,
+            ..
+        } => raise(
+            py,
+            &SHARDS_CHANGED_ERROR,
+            "ShardsChangedError",
+            (msg.clone(), added, changed, removed),
+            &msg,
+        ),
         Error::Config(_) => PyValueError::new_err(msg),
-        Error::Internal(_) => shardstream_exc(py, "ShardstreamError", msg),
+        Error::Internal(_) => raise(
+            py,
+            &SHARDSTREAM_ERROR,
+            "ShardstreamError",
+            (msg.clone(),),
+            &msg,
+        ),
     }
 }
 
@@ -62,4 +93,9 @@ pub fn guard<T>(f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
         Ok(r) => r,
         Err(payload) => Err(Error::Internal(panic_message(&*payload))),
     }
+}
+
+/// A core error as a Python exception, for conversions that fail on the Python side.
+pub fn state_error(py: Python<'_>, msg: String) -> PyErr {
+    to_py(py, Error::State(msg))
 }

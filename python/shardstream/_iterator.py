@@ -1,0 +1,103 @@
+"""One pass over a ``ParquetStream``: the object that owns the position while it is iterated.
+
+The core's ``RawStream`` holds the position; it is made at the first ``next()``, not by
+``iter()``: torchdata's ``StatefulDataLoader.state_dict()`` creates the iterator early, and a
+trainer (accelerate) then calls ``set_epoch()`` before using it, so an iterator that has not
+started follows ``set_epoch``/``load_state_dict`` (one that has started goes stale). This object
+only converts what the stream returns and, in
+row mode, hands the rows of a chunk out one at a time, remembering how many it handed out so a
+``state_dict()`` between two rows is the position after exactly those rows (the core computes
+it on row ids). Only the dataset's newest iterator owns the position: an older one refuses to
+go on rather than yield rows the dataset's state would not account for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ._core import RawResume, RawStream
+from .convert import Converter
+
+if TYPE_CHECKING:
+    from .dataset import ParquetStream
+
+_END = object()
+
+
+class StreamIterator:
+    """Iterator returned by ``iter(ParquetStream(...))``."""
+
+    def __init__(self, owner: ParquetStream, conv: Converter, batched: bool):
+        self._owner = owner
+        self._raw_stream: RawStream | None = None  # made at the first next()
+        self._conv = conv
+        self._batched = batched
+        self._rows: Iterator[Any] | None = None  # row mode: the last chunk's rows not handed out
+        self._chunk_rows = 0
+        self._handed = 0
+        self.ended = False
+
+    @property
+    def started(self) -> bool:
+        return self._raw_stream is not None
+
+    @property
+    def _raw(self) -> RawStream:
+        if self._raw_stream is None:
+            self._raw_stream = self._owner._open_stream()
+        return self._raw_stream
+
+    def __iter__(self) -> StreamIterator:
+        return self
+
+    def _within(self) -> int | None:
+        """Row mode, mid-chunk: rows of the last chunk handed out (``None``: all or none)."""
+        if self._rows is None or self._handed >= self._chunk_rows:
+            return None
+        return self._handed
+
+    def __next__(self) -> Any:
+        if self.ended:
+            raise StopIteration
+        if self._owner._iter is not self:
+            self.ended = True  # like a generator that raised: finished from now on
+            raise RuntimeError(
+                "this iterator is stale: iter() was called again on the same ParquetStream, and "
+                "only the newest iterator owns the dataset's position"
+            )
+        if self._batched:
+            rb = self._raw.next_item()
+            if rb is None:
+                self.ended = True
+                raise StopIteration
+            return self._conv.batch(rb)
+        while True:
+            if self._rows is not None:
+                row = next(self._rows, _END)
+                if row is not _END:
+                    self._handed += 1
+                    return row
+                self._rows = None
+            rb = self._raw.next_item()
+            if rb is None:
+                self.ended = True
+                raise StopIteration
+            self._rows = iter(self._conv.rows(rb))
+            self._chunk_rows, self._handed = rb.num_rows, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._raw.state_dict(within=self._within())
+
+    def skip(self, n: int) -> None:
+        # Mid-chunk, the core goes back to the last row handed out; the rest of it is dropped.
+        self._raw.skip(n, within=self._within())
+        self._rows = None
+
+    def resume_point(self) -> RawResume:
+        """Where a new iterator continues: here, or the start of the pass once this one ended
+        (only called on an iterator that has started)."""
+        return self._raw.resume_point(within=self._within())
+
+    def replay(self, records: Any = None, states: Any = None) -> None:
+        self._raw.add_replay(records=records, states=states)

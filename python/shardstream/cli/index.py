@@ -1,0 +1,40 @@
+"""``shardstream index SOURCE...``: write the metadata sidecar (see :mod:`shardstream.index`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+from .. import index
+from ._common import emit_json, plain_text
+
+__all__ = ["add_parser"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._core import RawCatalog
+
+    t0 = time.perf_counter()
+    path = index.write_index(args.source)
+    cat = RawCatalog([os.fspath(s) for s in args.source])
+    info = {"index": path, "shards": len(cat.shard_paths), "rows": cat.num_rows}
+    info["seconds"] = round(time.perf_counter() - t0, 3)
+    if args.json:
+        emit_json(info)
+    else:
+        print(f"wrote {path}: {info['shards']:,} shards, {info['rows']:,} rows")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "index",
+        help="write the metadata sidecar so large shard sets open without reading every footer",
+        description=plain_text((index.__doc__ or "").split("Example:")[0]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", nargs="+", metavar="SOURCE", help="file, directory or glob")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)

@@ -1,0 +1,393 @@
+"""``shardstream state FILE [--source SOURCE...]``: the shardstream states in a checkpoint,
+readable, and whether they load over some data.
+
+Three steps, kept apart: :func:`load_state_file` reads the file without running code from it,
+:func:`describe_state` reads one state (and lists what is malformed in it),
+:func:`check_states` loads states into a ``ParquetStream`` over the data. A malformed state
+is bad input (exit status 2); a well-formed state that does not load over the data is a failed
+check (exit status 1).
+
+    >>> import tempfile, shardstream.datagen as dg
+    >>> from shardstream import ParquetStream
+    >>> d = tempfile.mkdtemp()
+    >>> _ = dg.write_shards(d, num_shards=2, rows_per_shard=[300, 200], row_group_size=100)
+    >>> ds = ParquetStream(d, batch_size=50, output="python")
+    >>> it = iter(ds); _ = next(it); _ = next(it)
+    >>> s = describe_state(ds.state_dict())
+    >>> s["epoch"], s["emitted"], s["percent"], s["slot"], s["problems"]
+    (0, 100, 20.0, {'index': 0, 'count': 1, 'even': 'off'}, [])
+    >>> check_states([d], [ds.state_dict()])
+    ([None], None)
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _core, _pickle
+from .. import state as _state
+from ..errors import StateError
+from ._common import CliError, emit_json
+
+__all__ = ["add_parser", "check_states", "describe_state", "load_state_file"]
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_state_file(path: str) -> tuple[Any, str]:
+    """Load a saved object: ``torch.save`` (with ``weights_only=True``), JSON, or a pickle of
+    plain built-ins; a ``torch.distributed.checkpoint`` directory too. Returns
+    ``(object, kind)``.
+
+    Raises:
+        CliError: missing, unreadable, of none of these formats, or refused (a pickle naming
+            a class or function).
+    """
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, ".metadata")):
+            return _load_dcp(path), "torch.distributed.checkpoint"
+        raise CliError(f"{path}: is a directory (expected a state file or a DCP checkpoint)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except OSError as e:
+        raise CliError(f"{path}: cannot read: {e.strerror or e}") from None
+    # pickle protocol >= 2 starts with 0x80 (so does a legacy torch.save)
+    if _pickle.is_torch_zip(head) or head[:1] == b"\x80":
+        return _load_pickled(path, zipped=_pickle.is_torch_zip(head))
+    if head.lstrip()[:1] in (b"{", b"["):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f), "json"
+        except RecursionError:
+            raise CliError(
+                f"{path}: JSON nested too deeply (a state is a few levels deep)"
+            ) from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CliError(f"{path}: not valid JSON: {e}") from None
+    expected = "expected torch.save, JSON or pickle"
+    if not head:
+        raise CliError(f"{path}: empty file ({expected})")
+    raise CliError(f"{path}: not a state file ({expected}; the file starts with {head[:16]!r})")
+
+
+def _load_pickled(path: str, *, zipped: bool, mmap: bool = True) -> tuple[Any, str]:
+    try:
+        # mmap: tensors of a large training checkpoint are mapped, not read.
+        return _pickle.load(path, map_location="cpu", mmap=mmap)
+    except (_pickle.RefusedPickleError, ImportError) as e:  # they name the file
+        raise CliError(str(e)) from None
+    except RecursionError:
+        raise CliError(
+            f"{path}: nested too deeply to load (a state is a few levels deep)"
+        ) from None
+    except Exception as e:
+        what = (
+            "torch.load(weights_only=True) failed"
+            if zipped
+            else "not a readable pickle or torch.save file"
+        )
+        text = str(e).strip()
+        first = f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+        raise CliError(f"{path}: {what}: {first[:300]}") from None
+
+
+def _load_dcp(path: str) -> Any:
+    """A DCP checkpoint directory as one nested dict (no process group needed)."""
+    import tempfile
+
+    try:
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    except ImportError:
+        raise CliError(f"{path}: a DCP checkpoint; reading it needs torch installed") from None
+    with tempfile.TemporaryDirectory(prefix="shardstream-dcp-") as tmp:
+        out = os.path.join(tmp, "ckpt.pt")
+        try:
+            with warnings.catch_warnings():  # "no process group: single process" notes
+                warnings.simplefilter("ignore")
+                dcp_to_torch_save(path, out)
+        except Exception as e:
+            raise CliError(f"{path}: cannot read the DCP checkpoint: {e}") from None
+        return _load_pickled(out, zipped=True, mmap=False)[0]  # the file goes with tmp
+
+
+# --------------------------------------------------------------------------- describe
+
+_FIELDS = (
+    "format",
+    "version",
+    "started",
+    "epoch",
+    "first_epoch",
+    "epochs",
+    "emitted",
+    "cursor",
+    "slot",
+    "rows_per_epoch",
+    "percent",
+    "buffer_rows",
+    "skips",
+    "skipped_rows",
+    "settings",
+    "fingerprint",
+    "seek",
+    "elastic_specs",
+)
+
+
+def describe_state(st: dict[str, Any]) -> dict[str, Any]:
+    """A readable summary of one state (JSON-able). The core parses it, exactly as a load
+    would (``_core.parse_states``); if it is malformed, ``problems`` holds the core's message
+    (naming the field) and the other keys are None.
+
+    Keys: ``format``, ``version``, ``epoch``, ``first_epoch``, ``epochs``, ``emitted`` (rows
+    this slot yielded in the epoch), ``cursor``, ``slot`` (``index``/``count``/``even``),
+    ``rows_per_epoch`` (this slot's, approximate: fingerprint rows / slot count),
+    ``percent`` (of that), ``buffer_rows``, ``skips`` (records), ``skipped_rows``,
+    ``settings``, ``fingerprint``, ``seek``, ``elastic_specs``, ``started``, ``problems``.
+    """
+    try:
+        (parsed,) = _core.parse_states([st])
+    except StateError as e:
+        msg = str(e)
+        msg = msg if len(msg) <= 300 else f"{msg[:150]}...{msg[-150:]}"
+        return {**dict.fromkeys(_FIELDS), "problems": [msg]}
+    pos, slot = parsed["position"], parsed["slot"]
+    started = pos is not None
+    rows = parsed["fingerprint"]["rows"]
+    rows_per_epoch = rows / slot["count"] if slot else None
+    emitted = pos["emitted"] if started else 0
+    percent = None
+    if rows_per_epoch:
+        percent = round(100.0 * emitted / rows_per_epoch, 2)
+    elif rows_per_epoch == 0:
+        percent = 100.0
+    return {
+        "format": parsed["format"],
+        "version": parsed["version"],
+        "started": started,
+        "epoch": pos["epoch"] if started else parsed["first_epoch"],
+        "first_epoch": parsed["first_epoch"],
+        "epochs": parsed["settings"]["epochs"],
+        "emitted": emitted,
+        "cursor": pos["cursor"] if started else 0,
+        "slot": slot,
+        "rows_per_epoch": None if rows_per_epoch is None else round(rows_per_epoch, 1),
+        "percent": percent,
+        # 8 bytes per row id, base64: 4 characters per 3 bytes.
+        "buffer_rows": len(base64.b64decode(pos["buffer"])) // 8 if started else 0,
+        "skips": parsed["skips"],
+        "skipped_rows": sum(r["stop"] - r["start"] for r in parsed["skips"]),
+        "settings": parsed["settings"],
+        "fingerprint": parsed["fingerprint"],
+        "seek": pos["seek"] if started else None,
+        "elastic_specs": len(pos["specs"]) if started else 0,
+        "problems": [],
+    }
+
+
+# --------------------------------------------------------------------------- check
+
+
+def check_states(
+    source: Sequence[str], states: Sequence[dict[str, Any]]
+) -> tuple[list[str | None], str | None]:
+    """Load each state into a ``ParquetStream(source, <the state's settings>)``; return one
+    error message (None: it matches) per state, and for several states the error of loading
+    them all together (what an elastic resume does), or None.
+
+    Raises:
+        FileNotFoundError, ShardError, SchemaError: ``source`` itself is unusable.
+    """
+    from .. import ParquetStream
+
+    streams: dict[str, Any] = {}
+
+    def stream_for(st: dict[str, Any]) -> Any:
+        settings = st.get("settings")
+        kwargs = dict(settings) if isinstance(settings, dict) else {}
+        key = repr(sorted(kwargs.items()))
+        if key not in streams:
+            try:
+                streams[key] = ParquetStream(list(source), output="python", **kwargs)
+            except (TypeError, ValueError) as e:
+                if isinstance(e, StateError):
+                    raise
+                return f"the state's settings are invalid: {e}"
+        return streams[key]
+
+    errors: list[str | None] = []
+    for st in states:
+        ds = stream_for(st)
+        if isinstance(ds, str):
+            errors.append(ds)
+            continue
+        try:
+            ds.load_state_dict(st)
+            errors.append(None)
+        except StateError as e:
+            errors.append(str(e))
+    together = None
+    if len(states) > 1 and all(e is None for e in errors):
+        ds = stream_for(states[0])
+        try:
+            ds.load_state_dict(list(states))
+        except StateError as e:
+            together = str(e)
+    return errors, together
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _fmt_opt(x: Any, spec: str = ",") -> str:
+    return "?" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    s = str(v)
+    return s if len(s) <= 40 else f"{s[:16]}...({len(s)} chars)"
+
+
+def _clip(s: str, n: int = 200) -> str:
+    return s if len(s) <= n else f"{s[: n // 2]}...{s[-n // 2 :]}"
+
+
+_UNCHECKED = object()
+
+
+def _state_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
+    lines: list[tuple[str, str]] = [("format", f"{d['format']} version {d['version']}")]
+    add = lines.append
+    slot = d["slot"]
+    if slot is None:
+        add(("slot", "none (nothing read yet)"))
+    else:
+        where = "slot = rank * num_workers + worker_id"
+        add(("slot", f"{slot['index']} of {slot['count']} (even: {slot['even']}; {where})"))
+    epochs = "endless" if d["epochs"] is None else d["epochs"]
+    first = _fmt_opt(d["first_epoch"])
+    add(("epoch", f"{_fmt_opt(d['epoch'])} (the pass starts at {first}; epochs: {epochs})"))
+    if d["started"]:
+        pct = "?" if d["percent"] is None else f"{d['percent']:.1f}%"
+        per = _fmt_opt(None if d["rows_per_epoch"] is None else round(d["rows_per_epoch"]))
+        approx = " (after an elastic resume: approximate)" if d["elastic_specs"] else ""
+        emitted = _fmt_opt(d["emitted"])
+        add(("position", f"{emitted} rows yielded this epoch = {pct} of ~{per} rows{approx}"))
+        size = _fmt_opt(d["settings"].get("shuffle_buffer"))
+        cursor = _fmt_opt(d["cursor"])
+        add(("buffer", f"{d['buffer_rows']:,} of {size} rows (rows read: {cursor})"))
+        seek = d["seek"]
+        if seek:
+            rg, row, off = (_fmt_opt(seek.get(k)) for k in ("row_group", "row", "byte_offset"))
+            add(("seek", f"{seek.get('shard')} row group {rg}, row {row} (byte offset {off})"))
+    else:
+        add(("position", "not started (resumes at the start of the epoch)"))
+    if d["skips"]:
+        recs = "; ".join(
+            f"epoch {r.get('epoch')} slot {r.get('slot')} rows [{r.get('start')}, {r.get('stop')})"
+            for r in d["skips"][:5]
+        )
+        more = f"; and {len(d['skips']) - 5} more" if len(d["skips"]) > 5 else ""
+        add(("skips", f"{len(d['skips'])} ({d['skipped_rows']:,} rows): {recs}{more}"))
+    else:
+        add(("skips", "none (version 1 state: not recorded)" if d["version"] == 1 else "none"))
+    add(("settings", " ".join(f"{k}={v!r}" for k, v in d["settings"].items())))
+    add(("fingerprint", " ".join(f"{k}={_short(v)}" for k, v in d["fingerprint"].items())))
+    if error is not _UNCHECKED:
+        add(("source", "matches" if error is None else f"DOES NOT MATCH: {error}"))
+    return lines
+
+
+def _print_state(where: str, i: int, n: int, d: dict[str, Any], error: Any) -> None:
+    print(f"state {i + 1} of {n}" + (f" at {where}" if where else ""))
+    lines = _state_lines(d, error)
+    w = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"  {k.ljust(w)}  {v}")
+
+
+def run(args: argparse.Namespace) -> int:
+    obj, kind = load_state_file(args.file)
+    try:
+        found = _state.find_states(obj)
+    except StateError as e:
+        raise CliError(f"{args.file}: {e}") from None
+    if not found:
+        raise CliError(
+            f"{args.file}: no shardstream state in this {kind} file (looked for dicts with "
+            "'format': 'shardstream.ParquetStream' at any depth)"
+        )
+    states = [s for _, s in found]
+    described = [describe_state(s) for s in states]
+    for i, ((where, _), d) in enumerate(zip(found, described, strict=True)):
+        if d["problems"]:
+            at = f" at {_clip(where)}" if where else ""
+            more = len(d["problems"]) - 1
+            also = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+            raise CliError(
+                f"{args.file}: state {i + 1} of {len(states)}{at} is malformed: "
+                f"{d['problems'][0]}{also}"
+            )
+    errors: list[Any] = [_UNCHECKED] * len(states)
+    together: str | None = None
+    if args.source:
+        errors, together = check_states(args.source, states)
+    bad = args.source is not None and (any(e is not None for e in errors) or together is not None)
+    if args.json:
+        out: dict[str, Any] = {"file": args.file, "kind": kind, "states": []}
+        for (where, _), d, error in zip(found, described, errors, strict=True):
+            item = {"where": where, **d}
+            if args.source:
+                item["matches_source"] = error is None
+                item["source_error"] = error
+            out["states"].append(item)
+        if args.source:
+            out["source"] = list(args.source)
+            out["all_match"] = not bad
+            out["together_error"] = together
+        emit_json(out)
+    else:
+        print(f"{args.file}: {kind}, {len(states)} shardstream state(s)")
+        for i, ((where, _), d, error) in enumerate(zip(found, described, errors, strict=True)):
+            print()
+            _print_state(where, i, len(states), d, error)
+        if args.source:
+            print()
+            if len(states) > 1:
+                print(
+                    f"all {len(states)} states together (an elastic resume loads them all): "
+                    + ("match" if together is None and not bad else f"{together or 'see above'}")
+                )
+            src = " ".join(args.source)
+            print(f"source {src}: " + ("OK, the state(s) can be loaded" if not bad else "MISMATCH"))
+    return 1 if bad else 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "state",
+        help="show a saved state (torch.save / JSON / pickle) readably; check it against data",
+        description="Show every shardstream state inside FILE (a torch.save checkpoint, loaded "
+        "with weights_only=True; JSON; a pickle of plain built-ins; or a torch.distributed."
+        "checkpoint directory): epoch, rows yielded, position in the epoch, slot, shuffle "
+        "buffer fill, skips, settings and fingerprint. With --source, also check that the "
+        "state can be loaded over SOURCE (exit status 1 if not). A malformed state is bad "
+        "input (exit status 2).",
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument(
+        "--source", nargs="+", metavar="SOURCE", help="check the state(s) against this data"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)

@@ -1,0 +1,430 @@
+//! Reading footers: local files (concurrently, with the offset index when present) and remote
+//! objects (one suffix request each), the raw-footer digest, and the [`Shard`] built from them.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use arrow_schema::{Schema, SchemaRef};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
+use sha2::{Digest, Sha256};
+
+use super::compat;
+use super::schema::schema_digest;
+use super::sidecar::INDEX_FILE;
+use super::sources::common_root;
+use super::{RowGroupInfo, Shard};
+use crate::error::{shard_guard, Error, Result};
+use crate::store::{Object, Store};
+
+/// Footers are read concurrently: opening thousands of shards is dominated by per-file latency
+/// (open, stat, two reads), not by parsing, so a few threads per core hide it.
+const FOOTER_THREADS: usize = 16;
+
+pub(crate) fn read_footers(paths: &[PathBuf], root: &Path) -> Result<Vec<Shard>> {
+    let threads = FOOTER_THREADS.min(paths.len()).max(1);
+    if threads == 1 {
+        return paths
+            .iter()
+            .map(|p| shard_guard(p, || read_footer(p, root)))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut slots: Vec<OnceLock<Result<Shard>>> =
+        (0..paths.len()).map(|_| OnceLock::new()).collect();
+    std::thread::scope(|scope| {
+        let (next, slots) = (&next, &slots);
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(move || loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(path) = paths.get(i) else { break };
+                    // A panic in the footer parser must name the file, not kill the thread.
+                    let r = shard_guard(path, || read_footer(path, root));
+                    let failed = r.is_err();
+                    let _ = slots[i].set(r);
+                    if failed {
+                        // Stop the others early: the first error (in path order) is reported.
+                        next.store(paths.len(), std::sync::atomic::Ordering::Relaxed);
+                        break;
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            let _ = w.join();
+        }
+    });
+    let mut out = Vec::with_capacity(paths.len());
+    for (i, slot) in slots.iter_mut().enumerate() {
+        match slot.take() {
+            Some(r) => out.push(r?),
+            None => {
+                // Not read because an earlier-claimed file failed: find and return that error.
+                if let Some(err) = slots[i..]
+                    .iter_mut()
+                    .find_map(|s| s.take().and_then(|r| r.err()))
+                {
+                    return Err(err);
+                }
+                return Err(Error::Internal(format!(
+                    "footer of {} was not read",
+                    paths[i].display()
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn load_meta(file: &File, path: &Path) -> Result<ArrowReaderMetadata> {
+    // Only the offset index is needed to skip pages on seek; the column index (statistics) is not.
+    let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+    let bad = |e: parquet::errors::ParquetError| {
+        Error::shard(path, format!("not a readable Parquet file: {e}"))
+    };
+    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let md = match ParquetMetaDataReader::new()
+        .with_column_index_policy(PageIndexPolicy::Skip)
+        .with_offset_index_policy(PageIndexPolicy::Optional)
+        .parse_and_finish(file)
+    {
+        Ok(md) => md,
+        // Files from other writers that Arrow C++ reads: see `compat`.
+        Err(e) => compat::parse_lenient(file, size).ok_or_else(|| bad(e))?,
+    };
+    let md = compat::fix_num_rows(compat::fix_column_chunks(md, Some((file, size)), path)?);
+    ArrowReaderMetadata::try_new(Arc::new(md), options).map_err(bad)
+}
+
+/// Resolve URL sources to objects (listing prefixes, matching globs) and read their footers,
+/// [`FOOTER_CONCURRENCY`](crate::store::FOOTER_CONCURRENCY) at a time. One store per scheme and
+/// bucket; the root is the deepest common "directory" of the objects' URLs.
+pub(super) fn open_remote(
+    sources: &[String],
+    options: &BTreeMap<String, String>,
+) -> Result<(PathBuf, Vec<Shard>, Vec<Arc<Store>>)> {
+    let mut stores: Vec<Arc<Store>> = Vec::new();
+    // Keyed by the URL as a path, so objects sort by path components exactly as local files do
+    // ("a/x" before "a-b"): a local copy and a bucket copy give the same stream.
+    let mut objects: BTreeMap<PathBuf, Object> = BTreeMap::new();
+    for src in sources {
+        let url =
+            url::Url::parse(src).map_err(|e| Error::Config(format!("bad URL {src:?}: {e}")))?;
+        let store = match stores.iter().find(|s| s.serves(&url)) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Store::new(&url, options)?;
+                stores.push(s.clone());
+                s
+            }
+        };
+        for obj in store.resolve(&url, src)? {
+            objects.insert(PathBuf::from(obj.url()), obj);
+        }
+    }
+    let urls: Vec<PathBuf> = objects.keys().cloned().collect();
+    let root = common_root(&urls);
+    let mut shards = Vec::with_capacity(objects.len());
+    // Footers are fetched per store (each has its own client), keeping the global order.
+    let objects: Vec<Object> = objects.into_values().collect();
+    for store in &stores {
+        let mine: Vec<(usize, Object)> = objects
+            .iter()
+            .cloned()
+            .enumerate()
+            .filter(|(_, o)| Arc::ptr_eq(&o.store, store))
+            .collect();
+        let root_for = root.clone();
+        let read = crate::store::run_buffered(
+            store,
+            mine,
+            crate::store::FOOTER_CONCURRENCY,
+            move |client, (i, obj)| {
+                let root = root_for.clone();
+                async move { Ok((i, read_remote_footer(client, obj, &root).await?)) }
+            },
+        )?;
+        shards.extend(read);
+    }
+    shards.sort_by_key(|(i, _)| *i);
+    Ok((root, shards.into_iter().map(|(_, s)| s).collect(), stores))
+}
+
+/// One remote footer: a single suffix request in the common case ([`crate::store`] sizes it to
+/// hold footer and offset index), more only when the decoder asks for them.
+async fn read_remote_footer(
+    client: Arc<dyn object_store::ObjectStore>,
+    obj: Object,
+    root: &Path,
+) -> Result<Shard> {
+    use parquet::file::metadata::ParquetMetaDataPushDecoder;
+    use parquet::DecodeResult;
+    let url = obj.url();
+    let path = PathBuf::from(&url);
+    if obj.size < 12 {
+        return Err(Error::shard(
+            &path,
+            format!("not a Parquet file: {} bytes long", obj.size),
+        ));
+    }
+    let tail_range = obj.suffix(crate::store::FOOTER_PREFETCH);
+    let tail = crate::store::fetch_ranges(client.clone(), obj.clone(), vec![tail_range.clone()])
+        .await?
+        .remove(0);
+    let bad = |e: parquet::errors::ParquetError| {
+        Error::shard(&path, format!("not a readable Parquet file: {e}"))
+    };
+    let mut decoder = shard_guard(&path, || {
+        let mut d = ParquetMetaDataPushDecoder::try_new(obj.size)
+            .map_err(bad)?
+            .with_column_index_policy(PageIndexPolicy::Skip)
+            .with_offset_index_policy(PageIndexPolicy::Optional);
+        d.push_range(tail_range.clone(), tail.clone())
+            .map_err(bad)?;
+        Ok(d)
+    })?;
+    let mut pushed = vec![(tail_range.clone(), tail.clone())];
+    let decoded = loop {
+        match shard_guard(&path, || decoder.try_decode().map_err(bad)) {
+            Ok(DecodeResult::NeedsData(ranges)) => {
+                let data =
+                    crate::store::fetch_ranges(client.clone(), obj.clone(), ranges.clone()).await?;
+                pushed.extend(ranges.iter().cloned().zip(data.iter().cloned()));
+                decoder.push_ranges(ranges, data).map_err(bad)?;
+            }
+            Ok(DecodeResult::Data(md)) => break Ok(md),
+            Ok(DecodeResult::Finished) => {
+                return Err(Error::shard(
+                    &path,
+                    "the footer decoder returned no metadata",
+                ))
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    // The raw footer bytes, for the digest (the same bytes a local read hashes).
+    let len = u64::from(u32::from_le_bytes(
+        tail[tail.len() - 8..tail.len() - 4]
+            .try_into()
+            .expect("4 bytes"),
+    ));
+    let footer = (obj.size - 8).checked_sub(len).map(|s| s..obj.size - 8);
+    let Some(footer) = footer else {
+        return Err(decoded
+            .err()
+            .unwrap_or_else(|| Error::shard(&path, "footer length exceeds the file size")));
+    };
+    let bytes = match pushed
+        .iter()
+        .find(|(r, _)| r.start <= footer.start && footer.end <= r.end)
+    {
+        Some((r, b)) => b.slice((footer.start - r.start) as usize..(footer.end - r.start) as usize),
+        None => crate::store::fetch_ranges(client, obj.clone(), vec![footer])
+            .await?
+            .remove(0),
+    };
+    let digest = Sha256::digest(&bytes);
+    let mut footer_digest = [0u8; 16];
+    footer_digest.copy_from_slice(&digest[..16]);
+    // Files from other writers that Arrow C++ reads (see `compat`; remote: without page index).
+    let md = match decoded {
+        Ok(md) => md,
+        Err(e) => shard_guard(&path, || Ok(compat::decode_lenient(&bytes)))?.ok_or(e)?,
+    };
+    let meta = shard_guard(&path, || {
+        let md = compat::fix_num_rows(compat::fix_column_chunks(md, None, &path)?);
+        ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new()).map_err(bad)
+    })?;
+    let rel = rel_path(&path, root);
+    shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
+}
+
+pub(crate) fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// (device, inode) of a local file.
+pub(crate) fn file_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
+/// The relative path a shard is known by (fingerprint, sidecar).
+pub(crate) fn rel_path(path: &Path, root: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .replace('\\', "/")
+}
+
+/// A shard known from the sidecar: everything but the parsed footer, which is read on first use.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn indexed_shard(
+    path: PathBuf,
+    rel_path: String,
+    size: u64,
+    mtime_ns: u64,
+    row_groups: Vec<RowGroupInfo>,
+    has_offset_index: bool,
+    footer_digest: [u8; 16],
+    schema_digest: [u8; 16],
+    file_id: (u64, u64),
+) -> Shard {
+    Shard {
+        path,
+        rel_path,
+        size,
+        num_rows: row_groups.iter().map(|r| r.num_rows).sum(),
+        first_row: 0,
+        row_groups,
+        has_offset_index,
+        footer_digest,
+        mtime_ns,
+        file_id: Some(file_id),
+        schema_digest,
+        schema: Arc::new(Schema::empty()), // set from its schema group's representative
+        meta: OnceLock::new(),
+        object: None,
+        roots: Vec::new(),
+        reorder: Vec::new(),
+    }
+}
+
+/// Give every shard its Arrow schema: shards whose footer was not read take it from the first
+/// shard of the same schema digest, reading one footer per digest that has none yet.
+pub(crate) fn fill_schemas(shards: &mut [Shard]) -> Result<()> {
+    let mut known: std::collections::HashMap<[u8; 16], SchemaRef> = Default::default();
+    for s in shards.iter() {
+        if s.meta.get().is_some() {
+            known
+                .entry(s.schema_digest)
+                .or_insert_with(|| s.schema.clone());
+        }
+    }
+    for s in shards.iter_mut() {
+        let schema = match known.get(&s.schema_digest) {
+            Some(schema) => schema.clone(),
+            None => {
+                let schema = s.reader_meta()?.schema().clone();
+                if schema_digest(&schema) != s.schema_digest {
+                    return Err(Error::shard(
+                        &s.path,
+                        format!(
+                            "schema differs from its indexed digest: rerun `shardstream index` or \
+                             delete {}",
+                            INDEX_FILE
+                        ),
+                    ));
+                }
+                known.insert(s.schema_digest, schema.clone());
+                schema
+            }
+        };
+        s.schema = schema;
+    }
+    Ok(())
+}
+
+fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    let size = fs_meta.len();
+    let meta = load_meta(&file, path)?;
+    let footer_digest = footer_digest(&file, size).map_err(|e| Error::io(path, e))?;
+    let mut shard = shard_from_meta(
+        path,
+        rel_path(path, root),
+        size,
+        mtime_ns(&fs_meta),
+        meta,
+        footer_digest,
+        None,
+    )?;
+    shard.file_id = Some(file_id(&fs_meta));
+    Ok(shard)
+}
+
+/// A shard from its parsed footer: row groups, row counts checked against the footer's total.
+fn shard_from_meta(
+    path: &Path,
+    rel_path: String,
+    size: u64,
+    mtime_ns: u64,
+    meta: ArrowReaderMetadata,
+    footer_digest: [u8; 16],
+    object: Option<Object>,
+) -> Result<Shard> {
+    let md = meta.metadata();
+    let mut row_groups = Vec::with_capacity(md.num_row_groups());
+    let mut rows = 0u64;
+    for rg in md.row_groups() {
+        let n = u64::try_from(rg.num_rows()).map_err(|_| {
+            Error::shard(
+                path,
+                format!("row group with negative row count {}", rg.num_rows()),
+            )
+        })?;
+        let byte_offset = rg
+            .columns()
+            .iter()
+            .map(|c| {
+                // (an offset inside the leading magic means "no dictionary page", see compat)
+                c.dictionary_page_offset()
+                    .filter(|&d| d >= 4)
+                    .unwrap_or(c.data_page_offset())
+            })
+            .min()
+            .unwrap_or(0)
+            .max(0) as u64;
+        row_groups.push(RowGroupInfo {
+            num_rows: n,
+            first_row: rows,
+            byte_offset,
+            compressed_bytes: rg.compressed_size().max(0) as u64,
+        });
+        rows += n;
+    }
+    // The footer's own total is not checked against the row groups: some writers leave it 0
+    // (old parquet-rs) or wrong, and readers (pyarrow, Spark, arrow-rs) go by the row groups.
+    let has_offset_index = md.offset_index().is_some_and(|oi| !oi.is_empty());
+    let schema = meta.schema().clone();
+    Ok(Shard {
+        path: path.to_path_buf(),
+        rel_path,
+        size,
+        num_rows: rows,
+        first_row: 0,
+        row_groups,
+        has_offset_index,
+        footer_digest,
+        mtime_ns,
+        file_id: None,
+        schema_digest: schema_digest(&schema),
+        schema,
+        meta: OnceLock::from(meta),
+        object,
+        roots: Vec::new(),
+        reorder: Vec::new(),
+    })
+}
+
+/// Digest of the footer bytes (the file's last `8 + footer length` bytes, as Parquet lays out).
+pub(super) fn footer_digest(file: &File, size: u64) -> std::io::Result<[u8; 16]> {
+    use std::os::unix::fs::FileExt;
+    let mut tail = [0u8; 8];
+    file.read_exact_at(&mut tail, size.saturating_sub(8))?;
+    let len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    let len = len.min(size.saturating_sub(8));
+    let mut footer = vec![0u8; len as usize];
+    file.read_exact_at(&mut footer, size - 8 - len)?;
+    let d = Sha256::digest(&footer);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    Ok(out)
+}

@@ -1,0 +1,308 @@
+//! The shard catalog: which files make up the dataset, and what their footers say.
+//!
+//! Opening a catalog resolves the sources (files, directories, globs) to a sorted list of Parquet
+//! files, reads every footer once (with the offset index when the file has one: that is what
+//! lets a resume skip pages without decoding them), checks that the shards agree on the schema of
+//! the requested columns, and computes the fingerprint that a saved state is checked against.
+//! Everything later (plan, reader) works from this in-memory metadata and never re-reads a footer.
+
+//! The files are in the child modules, one concern each: [`sources`] (paths, directories,
+//! globs), [`footer`] (local and remote footers, digests), [`schema`] (projection and
+//! compatibility), [`fingerprint`] (what a saved state is checked against) and [`sidecar`] (the
+//! metadata index that opens large sets without reading footers).
+
+mod compat;
+mod fingerprint;
+mod footer;
+mod schema;
+pub mod sidecar;
+mod sources;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use arrow_schema::SchemaRef;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use parquet::arrow::ProjectionMask;
+
+use crate::error::{shard_guard, Error, Result};
+use crate::store::{StatsSnapshot, Store};
+
+pub use fingerprint::{Fingerprint, ShardChanges};
+pub(crate) use schema::{conform, type_name};
+pub use sources::resolve_sources;
+
+/// One row group of one shard.
+#[derive(Debug, Clone)]
+pub struct RowGroupInfo {
+    pub num_rows: u64,
+    /// Index of the row group's first row within its shard.
+    pub first_row: u64,
+    /// Byte offset of the row group's first page in the file (what a seek reads first).
+    pub byte_offset: u64,
+    pub compressed_bytes: u64,
+}
+
+/// One Parquet file.
+#[derive(Debug)]
+pub struct Shard {
+    pub path: PathBuf,
+    /// Path relative to the catalog root; what the fingerprint hashes, so a moved dataset still
+    /// matches its checkpoints.
+    pub rel_path: String,
+    pub size: u64,
+    pub num_rows: u64,
+    /// Global row id of this shard's first row (shards are numbered in path order).
+    pub first_row: u64,
+    pub row_groups: Vec<RowGroupInfo>,
+    pub has_offset_index: bool,
+    /// SHA-256 (truncated) of the raw footer bytes: changes with almost any rewrite of the file
+    /// (statistics, page offsets and sizes are in it), even one that keeps size and row counts.
+    pub footer_digest: [u8; 16],
+    /// Modification time (ns since the epoch) when the footer was read: what the metadata
+    /// sidecar is checked against (never part of the fingerprint: copies change it).
+    pub mtime_ns: u64,
+    /// Device and inode of a local shard when the catalog opened it (`None` for remote ones):
+    /// with size and mtime, what every later open checks (see [`Shard::check_unchanged`]).
+    pub(crate) file_id: Option<(u64, u64)>,
+    /// Digest of the file's Arrow schema: shards with equal digests share one projection.
+    pub schema_digest: [u8; 16],
+    /// The file's Arrow schema (from its footer, or from another shard with the same digest).
+    pub(crate) schema: SchemaRef,
+    /// Parsed footer: read at open, or on first use for shards known from the sidecar.
+    meta: OnceLock<ArrowReaderMetadata>,
+    /// Where a remote shard's bytes come from (`None`: a local file at `path`, which then
+    /// holds the object's URL).
+    pub(crate) object: Option<crate::store::Object>,
+    /// Root columns to read, sorted (this file's own column order).
+    pub(crate) roots: Vec<usize>,
+    /// For each requested column, its position among the projected columns of this file.
+    pub(crate) reorder: Vec<usize>,
+}
+
+impl Shard {
+    /// The parsed footer, read now if the catalog came from the sidecar. A file that no longer
+    /// matches what the catalog recorded (size, footer bytes) is an error naming it: reading it
+    /// would silently change the stream.
+    pub(crate) fn reader_meta(&self) -> Result<&ArrowReaderMetadata> {
+        if let Some(m) = self.meta.get() {
+            return Ok(m);
+        }
+        if self.object.is_some() {
+            // Remote footers are read when the catalog opens, never lazily.
+            return Err(Error::Internal(format!(
+                "footer of {} was not read",
+                self.path.display()
+            )));
+        }
+        let file = std::fs::File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let size = file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+        let digest = footer::footer_digest(&file, size).map_err(|e| Error::io(&self.path, e))?;
+        if size != self.size || digest != self.footer_digest {
+            return Err(Error::shard(
+                &self.path,
+                format!(
+                    "changed since its metadata was indexed (size {} -> {size} bytes or footer \
+                     differs): rerun `shardstream index` or delete {}",
+                    self.size,
+                    sidecar::INDEX_FILE
+                ),
+            ));
+        }
+        let meta = shard_guard(&self.path, || footer::load_meta(&file, &self.path))?;
+        Ok(self.meta.get_or_init(|| meta))
+    }
+
+    /// Fails with an error naming this local shard if `file` (just opened at its path) is not
+    /// the file the catalog read: another size, modification time or inode (a file written
+    /// elsewhere and renamed over it). Reading on would mix rows of two files in one epoch.
+    /// One `fstat` per open; the footer digest is checked only when a footer is read.
+    pub(crate) fn check_unchanged(&self, file: &std::fs::File) -> Result<()> {
+        let Some(id) = self.file_id else {
+            return Ok(());
+        };
+        let meta = file.metadata().map_err(|e| Error::io(&self.path, e))?;
+        let (size, mtime) = (meta.len(), footer::mtime_ns(&meta));
+        let now = footer::file_id(&meta);
+        if size == self.size && mtime == self.mtime_ns && now == id {
+            return Ok(());
+        }
+        let what = if size != self.size {
+            format!("its size went from {} to {size} bytes", self.size)
+        } else if now != id {
+            "it was replaced by another file".to_string()
+        } else {
+            "its modification time changed".to_string()
+        };
+        Err(Error::shard(
+            &self.path,
+            format!(
+                "the file changed while the dataset was open ({what}): its rows may no longer be \
+                 the ones this epoch is made of; restart from a state saved before the change, \
+                 or open the dataset again"
+            ),
+        ))
+    }
+
+    /// Projection of the requested columns for this file's footer.
+    pub(crate) fn mask(&self, meta: &ArrowReaderMetadata) -> ProjectionMask {
+        ProjectionMask::roots(meta.parquet_schema(), self.roots.iter().copied())
+    }
+}
+
+/// The dataset's shards, their footers and the projected output schema.
+#[derive(Debug)]
+pub struct Catalog {
+    shards: Vec<Shard>,
+    schema: SchemaRef,
+    total_rows: u64,
+    root: PathBuf,
+    fingerprint: Fingerprint,
+    units: OnceLock<Arc<Vec<Unit>>>,
+    /// The object stores remote shards come from (empty for local datasets).
+    stores: Vec<Arc<Store>>,
+}
+
+impl Catalog {
+    /// Resolve `sources` and read every footer. `columns = None` selects every column of the
+    /// first shard (and then requires every shard to have exactly those columns).
+    pub fn open(sources: &[String], columns: Option<&[String]>) -> Result<Self> {
+        Self::open_with(sources, columns, &BTreeMap::new())
+    }
+
+    /// [`Catalog::open`] where sources may also be URLs (`s3://bucket/prefix/`, globs, single
+    /// objects, `file://`), with `storage_options` for their stores (see [`crate::store`]).
+    pub fn open_with(
+        sources: &[String],
+        columns: Option<&[String]>,
+        storage_options: &BTreeMap<String, String>,
+    ) -> Result<Self> {
+        let remote = sources.iter().filter(|s| crate::store::is_url(s)).count();
+        let (root, mut shards, stores) = if remote == 0 {
+            if !storage_options.is_empty() {
+                return Err(Error::Config(
+                    "storage_options only apply to URL sources (s3://, gs://, az://, https://, \
+                     file://), and every source here is a local path"
+                        .into(),
+                ));
+            }
+            let paths = resolve_sources(sources)?;
+            let root = sources::common_root(&paths);
+            let shards = sidecar::open_shards(&paths, &root)?;
+            (root, shards, Vec::new())
+        } else if remote == sources.len() {
+            footer::open_remote(sources, storage_options)?
+        } else {
+            return Err(Error::Config(
+                "sources mix URLs and local paths: use file:///abs/path URLs for the local ones \
+                 (or only local paths)"
+                    .into(),
+            ));
+        };
+        let mut first_row = 0u64;
+        for shard in &mut shards {
+            shard.first_row = first_row;
+            first_row += shard.num_rows;
+        }
+        let schema = schema::project(&mut shards, columns, first_row)?;
+        let fingerprint = fingerprint::fingerprint(&shards);
+        Ok(Catalog {
+            shards,
+            schema,
+            total_rows: first_row,
+            root,
+            fingerprint,
+            units: OnceLock::new(),
+            stores,
+        })
+    }
+
+    /// True when the shards come from object stores.
+    pub fn is_remote(&self) -> bool {
+        !self.stores.is_empty()
+    }
+
+    /// Counters of the object stores, summed (all zero for a local dataset).
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut total = StatsSnapshot::default();
+        for s in &self.stores {
+            total += s.stats();
+        }
+        total
+    }
+
+    /// Every non-empty row group in catalog order (computed once).
+    pub fn units(&self) -> Arc<Vec<Unit>> {
+        self.units.get_or_init(|| units(self)).clone()
+    }
+
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    pub fn shard(&self, i: usize) -> &Shard {
+        &self.shards[i]
+    }
+
+    /// Output schema: the requested columns in the requested order.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    pub fn total_rows(&self) -> u64 {
+        self.total_rows
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
+    /// Map a global row id to (shard, row group, row within the row group).
+    pub fn locate(&self, row: u64) -> Option<(usize, usize, u64)> {
+        if row >= self.total_rows {
+            return None;
+        }
+        let s = self
+            .shards
+            .partition_point(|sh| sh.first_row + sh.num_rows <= row);
+        let shard = &self.shards[s];
+        let within = row - shard.first_row;
+        let g = shard
+            .row_groups
+            .partition_point(|rg| rg.first_row + rg.num_rows <= within);
+        Some((s, g, within - shard.row_groups[g].first_row))
+    }
+}
+
+/// A non-empty row group: the unit the epoch order permutes.
+#[derive(Debug, Clone, Copy)]
+pub struct Unit {
+    pub shard: u32,
+    pub row_group: u32,
+    pub rows: u64,
+    /// Global row id of the unit's first row.
+    pub first_row: u64,
+}
+
+/// All non-empty row groups in catalog order (sorted by `first_row`); see [`Catalog::units`].
+fn units(catalog: &Catalog) -> Arc<Vec<Unit>> {
+    let mut out = Vec::new();
+    for (s, shard) in catalog.shards().iter().enumerate() {
+        for (g, rg) in shard.row_groups.iter().enumerate() {
+            if rg.num_rows > 0 {
+                out.push(Unit {
+                    shard: s as u32,
+                    row_group: g as u32,
+                    rows: rg.num_rows,
+                    first_row: shard.first_row + rg.first_row,
+                });
+            }
+        }
+    }
+    Arc::new(out)
+}

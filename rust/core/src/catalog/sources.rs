@@ -1,0 +1,411 @@
+//! Which files a source names: files, directories (walked recursively) and globs, resolved to a
+//! sorted, de-duplicated list of absolute paths, and the common root they are known relative to.
+//!
+//! What a directory walk reads (as pyarrow.dataset and Spark do): every `*.parquet` file below,
+//! except names starting with `.` or `_` — files and directories — which writers use for
+//! temporary and bookkeeping files (Spark's `_temporary/` attempts and `_SUCCESS`, Hadoop's
+//! `.part-….crc`, editors' and sync tools' hidden files). A glob skips them too unless its
+//! pattern spells the `.` or `_` (as shells treat leading dots); a file named explicitly is
+//! always read. Symbolic links are followed; a link to a directory that contains it (a loop)
+//! is an error naming the link, as are `*.parquet` links that are broken or loop.
+
+use std::collections::BTreeSet;
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+fn has_glob_chars(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// Names a walk or a glob wildcard skips: hidden and temporary files and directories.
+fn is_hidden(name: &std::ffi::OsStr) -> bool {
+    let b = name.as_encoded_bytes();
+    b.first().is_some_and(|&c| c == b'.' || c == b'_')
+}
+
+/// Expand files, directories (every `*.parquet` below, recursively) and globs into a sorted,
+/// de-duplicated list of absolute file paths. Anything that names nothing is an error naming it.
+pub fn resolve_sources(sources: &[String]) -> Result<Vec<PathBuf>> {
+    if sources.is_empty() {
+        return Err(Error::Config(
+            "no source given: pass a file, directory or glob".into(),
+        ));
+    }
+    let mut out = BTreeSet::new();
+    for src in sources {
+        let before = out.len();
+        let p = Path::new(src);
+        // An existing path is a path, even if its name has glob characters (`part[1].parquet`).
+        if has_glob_chars(src) && std::fs::symlink_metadata(p).is_err() {
+            let entries =
+                glob::glob(src).map_err(|e| Error::Config(format!("bad glob {src:?}: {e}")))?;
+            for entry in entries {
+                let p =
+                    entry.map_err(|e| Error::io(e.path(), std::io::Error::other(e.to_string())))?;
+                if glob_skips(src, &p) {
+                    continue;
+                }
+                match target_kind(&p)? {
+                    Kind::Dir => walk_dir(&p, &mut out)?,
+                    Kind::File => {
+                        out.insert(absolute(&p)?);
+                    }
+                }
+            }
+            if out.len() == before {
+                return Err(Error::NotFound {
+                    path: src.clone(),
+                    what: "no files match the glob".into(),
+                });
+            }
+        } else {
+            match target_kind(p)? {
+                Kind::Dir => {
+                    walk_dir(p, &mut out)?;
+                    if out.len() == before {
+                        return Err(Error::NotFound {
+                            path: src.clone(),
+                            what: "no *.parquet files under the directory (names starting with \
+                                   '.' or '_' are skipped)"
+                                .into(),
+                        });
+                    }
+                }
+                Kind::File => {
+                    out.insert(absolute(p)?);
+                }
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// Does the glob `pattern` skip its match `path`: a component below the pattern's literal
+/// prefix that starts with `.` or `_` where the pattern does not spell that character.
+fn glob_skips(pattern: &str, path: &Path) -> bool {
+    let pat: Vec<&str> = pattern
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    let base = pat.iter().take_while(|c| !has_glob_chars(c)).count();
+    let comps: Vec<&std::ffi::OsStr> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s),
+            Component::ParentDir => Some(std::ffi::OsStr::new("..")),
+            _ => None,
+        })
+        .collect();
+    let pat_rest = &pat[base.min(pat.len())..];
+    let rest = &comps[base.min(comps.len())..];
+    rest.iter().enumerate().any(|(i, c)| {
+        if !is_hidden(c) {
+            return false;
+        }
+        let first = c.as_encoded_bytes()[0] as char;
+        let spelled = if rest.len() == pat_rest.len() {
+            pat_rest[i].starts_with(first)
+        } else {
+            // `**` matched a varying depth: any component of the pattern spelling it will do.
+            pat_rest.iter().any(|p| p.starts_with(first))
+        };
+        !spelled
+    })
+}
+
+enum Kind {
+    File,
+    Dir,
+}
+
+/// What `path` is once symbolic links are followed; a broken link or a link loop is an error
+/// naming the link (not the OS's bare "Too many levels of symbolic links").
+fn target_kind(path: &Path) -> Result<Kind> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(Kind::Dir),
+        Ok(_) => Ok(Kind::File),
+        Err(e) => Err(link_error(path, e)),
+    }
+}
+
+fn link_error(path: &Path, e: std::io::Error) -> Error {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Error::io(path, e);
+    }
+    if e.kind() == std::io::ErrorKind::NotFound {
+        let target = std::fs::read_link(path).unwrap_or_default();
+        return Error::NotFound {
+            path: path.display().to_string(),
+            what: format!(
+                "broken symbolic link (points to {}, which does not exist)",
+                target.display()
+            ),
+        };
+    }
+    // ELOOP and the like: show the chain of links, up to where it repeats.
+    let mut chain = vec![path.to_path_buf()];
+    let mut at = path.to_path_buf();
+    while let Ok(t) = std::fs::read_link(&at) {
+        let next = at.parent().unwrap_or(Path::new("")).join(t);
+        let repeats = chain.contains(&next);
+        chain.push(next.clone());
+        if repeats || chain.len() > 8 {
+            break;
+        }
+        at = next;
+    }
+    let shown: Vec<String> = chain.iter().map(|p| p.display().to_string()).collect();
+    Error::io(
+        path,
+        std::io::Error::new(
+            e.kind(),
+            format!("symbolic link loop ({}): {e}", shown.join(" -> ")),
+        ),
+    )
+}
+
+/// Absolute and lexically normalized (`a/./b/../c` -> `a/c`), so two spellings of one file are
+/// one shard. Not `canonicalize`: following symlinks would rename shards in the fingerprint.
+fn absolute(p: &Path) -> Result<PathBuf> {
+    let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Ok(out)
+}
+
+/// Identity of a real directory (device, inode), to recognise it behind any link.
+fn dir_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.dev(), meta.ino())
+}
+
+fn walk_dir(dir: &Path, out: &mut BTreeSet<PathBuf>) -> Result<()> {
+    let meta = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+    let mut ancestors = vec![dir_id(&meta)];
+    walk(dir, out, &mut ancestors)
+}
+
+/// `ancestors`: the real directories on the way down to `dir` (itself included). A link to one
+/// of them would make the walk loop forever (pyarrow and `os.walk(followlinks=True)` read every
+/// file of such a tree ~40 times, until the OS refuses the path); any other directory is
+/// walked as often as links lead to it, like explicitly listed sources.
+fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>, ancestors: &mut Vec<(u64, u64)>) -> Result<()> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut entries = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        if !is_hidden(&entry.file_name()) {
+            entries.push(entry);
+        }
+    }
+    // Sorted, so that which of two loop links is reported does not depend on the file system.
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        let ft = entry.file_type().map_err(|e| Error::io(&path, e))?;
+        let is_parquet = path.extension().is_some_and(|e| e == "parquet");
+        if ft.is_dir() {
+            let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
+            ancestors.push(dir_id(&meta));
+            walk(&path, out, ancestors)?;
+            ancestors.pop();
+        } else if ft.is_symlink() {
+            let meta = match std::fs::metadata(&path) {
+                Ok(m) => m,
+                // A broken or looping link is only an error if it claims to be a shard.
+                Err(e) if is_parquet => return Err(link_error(&path, e)),
+                Err(_) => continue,
+            };
+            if meta.is_dir() {
+                let id = dir_id(&meta);
+                if ancestors.contains(&id) {
+                    let target = std::fs::read_link(&path).unwrap_or_default();
+                    return Err(Error::io(
+                        &path,
+                        std::io::Error::other(format!(
+                            "symbolic link to {}, a directory that contains it: walking it \
+                             would read every file below it again, forever; remove the link, \
+                             or list the directories to read",
+                            target.display()
+                        )),
+                    ));
+                }
+                ancestors.push(id);
+                walk(&path, out, ancestors)?;
+                ancestors.pop();
+            } else if is_parquet {
+                out.insert(absolute(&path)?);
+            }
+        } else if is_parquet {
+            out.insert(absolute(&path)?);
+        }
+    }
+    Ok(())
+}
+
+/// The deepest directory containing every shard.
+pub(super) fn common_root(paths: &[PathBuf]) -> PathBuf {
+    let mut root: PathBuf = match paths.first().and_then(|p| p.parent()) {
+        Some(p) => p.to_path_buf(),
+        None => return PathBuf::new(),
+    };
+    for p in &paths[1..] {
+        while !p.starts_with(&root) {
+            if !root.pop() {
+                return PathBuf::new();
+            }
+        }
+    }
+    root
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn touch(p: &Path) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"x").unwrap();
+    }
+
+    fn names(dir: &Path, got: &[PathBuf]) -> Vec<String> {
+        got.iter()
+            .map(|p| p.strip_prefix(dir).unwrap().display().to_string())
+            .collect()
+    }
+
+    /// A Spark output directory: only the committed part file is data.
+    #[test]
+    fn walks_skip_hidden_and_temporary_names_but_explicit_files_are_read() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        for f in [
+            "part-00000.parquet",
+            "sub/part-00001.parquet",
+            "_temporary/0/_temporary/attempt_1/part-00000.parquet",
+            ".hidden.parquet",
+            "_SUCCESS",
+            ".part-00000.parquet.crc",
+            "_common_metadata.parquet",
+            ".staging/part-00009.parquet",
+        ] {
+            touch(&root.join(f));
+        }
+        let got = resolve_sources(&[root.display().to_string()]).unwrap();
+        assert_eq!(
+            names(root, &got),
+            ["part-00000.parquet", "sub/part-00001.parquet"]
+        );
+        // Named explicitly: read.
+        let hidden = root.join(".hidden.parquet").display().to_string();
+        let got = resolve_sources(std::slice::from_ref(&hidden)).unwrap();
+        assert_eq!(names(root, &got), [".hidden.parquet"]);
+        // A directory named explicitly is walked even if its own name starts with '.' or '_'
+        // (but not what is hidden below it).
+        let staging = root.join(".staging").display().to_string();
+        assert_eq!(resolve_sources(&[staging]).unwrap().len(), 1);
+        let tmp = root.join("_temporary").display().to_string();
+        assert!(matches!(
+            resolve_sources(&[tmp]),
+            Err(Error::NotFound { .. })
+        ));
+        // Globs skip them unless the pattern spells the character.
+        let g = format!("{}/*.parquet", root.display());
+        assert_eq!(
+            names(root, &resolve_sources(&[g]).unwrap()),
+            ["part-00000.parquet"]
+        );
+        let g = format!("{}/**/*.parquet", root.display());
+        assert_eq!(
+            names(root, &resolve_sources(&[g]).unwrap()),
+            ["part-00000.parquet", "sub/part-00001.parquet"]
+        );
+        let g = format!("{}/_*.parquet", root.display());
+        assert_eq!(
+            names(root, &resolve_sources(&[g]).unwrap()),
+            ["_common_metadata.parquet"]
+        );
+        let g = format!("{}/.*.parquet", root.display());
+        assert_eq!(
+            names(root, &resolve_sources(&[g]).unwrap()),
+            [".hidden.parquet"]
+        );
+    }
+
+    #[test]
+    fn an_existing_path_with_glob_characters_is_a_path() {
+        let d = tempfile::tempdir().unwrap();
+        touch(&d.path().join("part[1].parquet"));
+        touch(&d.path().join("part1.parquet"));
+        let src = d.path().join("part[1].parquet").display().to_string();
+        let got = resolve_sources(&[src]).unwrap();
+        assert_eq!(names(d.path(), &got), ["part[1].parquet"]);
+        // Not an existing path: still a glob.
+        let src = d.path().join("part[12].parquet").display().to_string();
+        let got = resolve_sources(&[src]).unwrap();
+        assert_eq!(names(d.path(), &got), ["part1.parquet"]);
+    }
+
+    #[test]
+    fn a_directory_link_loop_is_an_error_naming_the_link() {
+        let d = tempfile::tempdir().unwrap();
+        touch(&d.path().join("sub/a.parquet"));
+        symlink("..", d.path().join("sub/up")).unwrap();
+        let err = resolve_sources(&[d.path().display().to_string()]).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Io { .. }), "{msg}");
+        assert!(
+            msg.contains("sub/up") && msg.contains("contains it"),
+            "{msg}"
+        );
+        assert!(msg.len() < 400, "{msg}");
+    }
+
+    #[test]
+    fn links_to_other_directories_are_followed() {
+        let d = tempfile::tempdir().unwrap();
+        touch(&d.path().join("real/a.parquet"));
+        std::fs::create_dir(d.path().join("data")).unwrap();
+        symlink("../real", d.path().join("data/linked")).unwrap();
+        let got = resolve_sources(&[d.path().join("data").display().to_string()]).unwrap();
+        assert_eq!(names(d.path(), &got), ["data/linked/a.parquet"]);
+    }
+
+    #[test]
+    fn broken_and_looping_file_links_are_errors_naming_them() {
+        let d = tempfile::tempdir().unwrap();
+        touch(&d.path().join("a.parquet"));
+        symlink("y.parquet", d.path().join("x.parquet")).unwrap();
+        symlink("x.parquet", d.path().join("y.parquet")).unwrap();
+        let err = resolve_sources(&[d.path().display().to_string()]).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("symbolic link loop") && msg.contains("x.parquet"),
+            "{msg}"
+        );
+        assert!(msg.len() < 400, "{msg}");
+        let err = resolve_sources(&[d.path().join("y.parquet").display().to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("symbolic link loop"), "{err}");
+
+        let d = tempfile::tempdir().unwrap();
+        touch(&d.path().join("a.parquet"));
+        symlink("gone.parquet", d.path().join("b.parquet")).unwrap();
+        symlink("gone.txt", d.path().join("notes.txt")).unwrap();
+        let err = resolve_sources(&[d.path().display().to_string()]).unwrap_err();
+        assert!(matches!(err, Error::NotFound { .. }), "{err}");
+        assert!(err.to_string().contains("broken symbolic link"), "{err}");
+    }
+}

@@ -1,0 +1,428 @@
+//! The settings of a stream, and the one place their defaults and limits live.
+//!
+//! [`Settings`] shape the stream: a saved state records them and loads only under the same ones.
+//! [`Tuning`] knobs change speed and memory, never the stream. [`Layout`] is where one iterator
+//! sits among ranks and DataLoader workers. The Python layer reads [`DEFAULTS`] (through the
+//! bindings) for its signature, so a default is written once.
+//!
+//! Limits: every number a user passes is checked here, naming the argument, and nothing is
+//! allocated in proportion to one before there are rows to fill it (a `batch_size` of 10^11 is
+//! legal and costs nothing until rows arrive; a readahead depth is a channel capacity, allocated
+//! up front, so it has a ceiling).
+
+use crate::error::{Error, Result};
+use crate::plan::{Even, Slot};
+
+/// Defaults of the arguments, as `(name, value)`; `None` is Python's `None`.
+pub struct Defaults {
+    pub read_batch_rows: usize,
+    pub readahead_depth: usize,
+    pub piece_rows: u64,
+    pub even: Even,
+    /// Readahead threads for object-store sources when not set: each holds one piece's
+    /// requests in flight, so this many round trips overlap with decoding.
+    pub remote_readahead_threads: usize,
+    /// Readahead threads for local sources when not set: `min(this, cores / workers)`, >= 1.
+    pub max_local_readahead_threads: usize,
+    /// Rows per chunk the core hands over in row mode: larger amortizes the FFI call; smaller
+    /// bounds the work a mid-chunk `state_dict()` replays on row ids.
+    pub row_chunk: usize,
+}
+
+/// 2048 x 8 holds as many rows in flight as 8192 x 2, in smaller batches that iterated ~14%
+/// faster in paired runs (docs/benchmarks.md); 16k-row pieces iterated 1.25-1.35x faster than
+/// 64k (a smaller working set per thread).
+pub const DEFAULTS: Defaults = Defaults {
+    read_batch_rows: 2048,
+    readahead_depth: 8,
+    piece_rows: 16384,
+    even: Even::Drop,
+    remote_readahead_threads: 8,
+    max_local_readahead_threads: 4,
+    row_chunk: 1024,
+};
+
+/// Upper limits of the tuning arguments (each is allocated up front somewhere: arrow-rs sizes
+/// its decode buffers by the batch, a channel by its depth).
+pub const MAX_READ_BATCH_ROWS: u64 = 1 << 20;
+pub const MAX_READAHEAD_THREADS: u64 = 256;
+pub const MAX_READAHEAD_DEPTH: u64 = 1024;
+
+/// What shapes the stream: everything a saved state must match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub seed: u64,
+    /// 0 = no shuffle at all (shard order); n > 0 = permuted row groups + n-row buffer.
+    pub shuffle_buffer: usize,
+    /// Rows per output item; `None` = row mode (items are rows, read in chunks).
+    pub batch_size: Option<u64>,
+    /// Drop each epoch's short last batch (batch mode only).
+    pub drop_last: bool,
+    /// Epochs per pass; `None` = endless.
+    pub epochs: Option<u64>,
+    /// The policy asked for; it applies only with more than one rank (see [`Layout`]).
+    pub even: Even,
+}
+
+/// Knobs that never change the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tuning {
+    pub read_batch_rows: usize,
+    /// `None` = automatic (see [`Tuning::threads`]).
+    pub readahead_threads: Option<usize>,
+    pub readahead_depth: usize,
+    pub piece_rows: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            read_batch_rows: DEFAULTS.read_batch_rows,
+            readahead_threads: None,
+            readahead_depth: DEFAULTS.readahead_depth,
+            piece_rows: DEFAULTS.piece_rows,
+        }
+    }
+}
+
+impl Tuning {
+    /// Readahead threads for an iterator: the setting, or for object stores
+    /// [`Defaults::remote_readahead_threads`] (they wait on the network, not the CPU), or
+    /// `min(max_local, cores / workers)`, at least 1.
+    pub fn threads(&self, remote: bool, workers: u32) -> usize {
+        if let Some(n) = self.readahead_threads {
+            return n;
+        }
+        if remote {
+            return DEFAULTS.remote_readahead_threads;
+        }
+        // available_parallelism honours the CPU affinity mask and cgroup quotas on Linux.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / workers.max(1) as usize).clamp(1, DEFAULTS.max_local_readahead_threads)
+    }
+}
+
+/// User arguments before validation: integers as given (wide enough for anything Python's
+/// conversion lets through; `i128::MAX` stands for "larger than that").
+#[derive(Debug, Clone, Default)]
+pub struct Args {
+    pub seed: i128,
+    pub shuffle_buffer: i128,
+    pub batch_size: Option<i128>,
+    pub drop_last: bool,
+    pub epochs: Option<i128>,
+    pub even: Option<String>,
+    pub read_batch_rows: i128,
+    pub readahead_threads: Option<i128>,
+    pub readahead_depth: i128,
+}
+
+fn int_in(name: &str, v: i128, lo: i128, hi: i128, what: &str) -> Result<u64> {
+    if (lo..=hi).contains(&v) {
+        Ok(v as u64)
+    } else {
+        Err(Error::Config(format!("{name} must be {what}, got {v}")))
+    }
+}
+
+impl Even {
+    /// The API's name: `None` (every row once), `"drop"` or `"pad"`; `"off"` is `None`.
+    pub fn parse(v: Option<&str>, what: &str) -> Result<Even> {
+        match v {
+            None | Some("off") => Ok(Even::Off),
+            Some("drop") => Ok(Even::Drop),
+            Some("pad") => Ok(Even::Pad),
+            Some(other) => Err(Error::Config(format!(
+                "{what} must be 'drop', 'pad' or None, got {other:?}"
+            ))),
+        }
+    }
+
+    /// The state's name of a layout's policy.
+    pub fn name(self) -> &'static str {
+        match self {
+            Even::Off => "off",
+            Even::Drop => "drop",
+            Even::Pad => "pad",
+        }
+    }
+}
+
+impl Settings {
+    /// Validate user arguments; every error names the argument and what it must be.
+    pub fn from_args(a: &Args) -> Result<(Settings, Tuning)> {
+        const U64: i128 = u64::MAX as i128;
+        let settings = Settings {
+            seed: int_in("seed", a.seed, 0, U64, "an int in [0, 2**64)")?,
+            shuffle_buffer: int_in(
+                "shuffle_buffer",
+                a.shuffle_buffer,
+                0,
+                u32::MAX as i128,
+                "an int in [0, 2**32)",
+            )? as usize,
+            batch_size: a
+                .batch_size
+                .map(|b| {
+                    int_in(
+                        "batch_size",
+                        b,
+                        1,
+                        U64 >> 1,
+                        "a positive int below 2**63 or None",
+                    )
+                })
+                .transpose()?,
+            drop_last: a.drop_last,
+            epochs: a
+                .epochs
+                .map(|e| {
+                    int_in(
+                        "epochs",
+                        e,
+                        1,
+                        U64 >> 1,
+                        "a positive int below 2**63 or None",
+                    )
+                })
+                .transpose()?,
+            even: Even::parse(a.even.as_deref(), "even")?,
+        };
+        let tuning = Tuning {
+            read_batch_rows: int_in(
+                "read_batch_rows",
+                a.read_batch_rows,
+                1,
+                MAX_READ_BATCH_ROWS as i128,
+                &format!("an int in [1, {MAX_READ_BATCH_ROWS}]"),
+            )? as usize,
+            readahead_threads: a
+                .readahead_threads
+                .map(|t| {
+                    int_in(
+                        "readahead_threads",
+                        t,
+                        0,
+                        MAX_READAHEAD_THREADS as i128,
+                        &format!("an int in [0, {MAX_READAHEAD_THREADS}] or None"),
+                    )
+                    .map(|t| t as usize)
+                })
+                .transpose()?,
+            readahead_depth: int_in(
+                "readahead_depth",
+                a.readahead_depth,
+                1,
+                MAX_READAHEAD_DEPTH as i128,
+                &format!("an int in [1, {MAX_READAHEAD_DEPTH}]"),
+            )? as usize,
+            piece_rows: DEFAULTS.piece_rows,
+        };
+        Ok((settings, tuning))
+    }
+
+    /// Rows per output item (1 in row mode).
+    pub fn item_rows(&self) -> u64 {
+        self.batch_size.unwrap_or(1)
+    }
+
+    /// Whether an epoch's short last batch is dropped (never in row mode).
+    pub fn drops_short(&self) -> bool {
+        self.drop_last && self.batch_size.is_some()
+    }
+}
+
+/// Where one iterator sits: rank `rank` of `world`, DataLoader worker `worker` of `workers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub slot: Slot,
+    /// The `even` policy this layout runs with: the setting with several ranks, `Off` with one
+    /// (workers of one rank need no equal lengths; a single rank yields every row once).
+    pub even: Even,
+}
+
+impl Layout {
+    pub fn new(rank: u64, world: u64, worker: u64, workers: u64, even: Even) -> Result<Layout> {
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!(
+                "rank must be in [0, world_size), got rank={rank} world_size={world}"
+            )));
+        }
+        if workers == 0 || worker >= workers {
+            return Err(Error::Config(format!(
+                "worker {worker} of {workers} is not a valid DataLoader worker"
+            )));
+        }
+        let count = world.checked_mul(workers).filter(|&c| c <= u32::MAX as u64);
+        let Some(count) = count else {
+            return Err(Error::Config(format!(
+                "world_size x num_workers must be below 2**32, got {world} x {workers}"
+            )));
+        };
+        let slot = Slot::new((rank * workers + worker) as u32, count as u32)?;
+        let even = if world == 1 { Even::Off } else { even };
+        Ok(Layout { slot, even })
+    }
+}
+
+/// Everything one slot's stream needs, derived from the settings, the layout and the pass.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    pub seed: u64,
+    /// 0 = no shuffle at all (shard order); n > 0 = permuted row groups + n-row buffer.
+    pub shuffle_buffer: usize,
+    /// First epoch of the pass.
+    pub first_epoch: u64,
+    /// Number of epochs in the pass; `None` = endless.
+    pub epochs: Option<u64>,
+    /// Rows per decoded batch (a tuning knob; does not change the stream).
+    pub read_batch_rows: usize,
+    /// Background decoding threads; 0 decodes synchronously in the caller.
+    pub readahead_threads: usize,
+    /// Decoded batches each readahead thread may hold ready.
+    pub readahead_depth: usize,
+    /// Largest run of rows one read decodes (splits big row groups).
+    pub piece_rows: u64,
+    /// How slot lengths are equalized in this layout (see [`Even`]).
+    pub even: Even,
+}
+
+impl StreamOptions {
+    pub fn new(
+        settings: &Settings,
+        tuning: &Tuning,
+        first_epoch: u64,
+        even: Even,
+        threads: usize,
+    ) -> Self {
+        StreamOptions {
+            seed: settings.seed,
+            shuffle_buffer: settings.shuffle_buffer,
+            first_epoch,
+            epochs: settings.epochs,
+            read_batch_rows: tuning.read_batch_rows,
+            readahead_threads: threads,
+            readahead_depth: tuning.readahead_depth,
+            piece_rows: tuning.piece_rows,
+            even,
+        }
+    }
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            seed: 0,
+            shuffle_buffer: 0,
+            first_epoch: 0,
+            epochs: Some(1),
+            read_batch_rows: 8192,
+            readahead_threads: 0,
+            readahead_depth: 2,
+            piece_rows: DEFAULTS.piece_rows,
+            even: Even::Off,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> Args {
+        Args {
+            read_batch_rows: 2048,
+            readahead_depth: 8,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn out_of_range_arguments_name_the_argument() {
+        let cases: Vec<(&str, Args)> = vec![
+            ("seed", Args { seed: -1, ..args() }),
+            (
+                "seed",
+                Args {
+                    seed: 1 << 64,
+                    ..args()
+                },
+            ),
+            (
+                "batch_size",
+                Args {
+                    batch_size: Some(0),
+                    ..args()
+                },
+            ),
+            (
+                "batch_size",
+                Args {
+                    batch_size: Some(i128::MAX),
+                    ..args()
+                },
+            ),
+            (
+                "epochs",
+                Args {
+                    epochs: Some(0),
+                    ..args()
+                },
+            ),
+            (
+                "shuffle_buffer",
+                Args {
+                    shuffle_buffer: 1 << 40,
+                    ..args()
+                },
+            ),
+            (
+                "read_batch_rows",
+                Args {
+                    read_batch_rows: 0,
+                    ..args()
+                },
+            ),
+            (
+                "readahead_threads",
+                Args {
+                    readahead_threads: Some(-1),
+                    ..args()
+                },
+            ),
+            (
+                "readahead_depth",
+                Args {
+                    readahead_depth: 1_000_000_000,
+                    ..args()
+                },
+            ),
+            (
+                "even",
+                Args {
+                    even: Some("maybe".into()),
+                    ..args()
+                },
+            ),
+        ];
+        for (name, a) in cases {
+            let err = Settings::from_args(&a).unwrap_err().to_string();
+            assert!(err.starts_with(name), "{name}: {err}");
+        }
+        assert!(Settings::from_args(&Args {
+            batch_size: Some(100_000_000_000),
+            ..args()
+        })
+        .is_ok());
+    }
+
+    #[test]
+    fn layouts_check_their_size_and_one_rank_never_drops() {
+        assert!(Layout::new(0, 1 << 40, 0, 1, Even::Drop).is_err());
+        assert!(Layout::new(2, 2, 0, 1, Even::Drop).is_err());
+        assert!(Layout::new(0, 1 << 16, 0, 1 << 16, Even::Drop).is_err());
+        let l = Layout::new(1, 2, 1, 3, Even::Pad).unwrap();
+        assert_eq!((l.slot.index, l.slot.count, l.even), (4, 6, Even::Pad));
+        assert_eq!(Layout::new(0, 1, 1, 2, Even::Pad).unwrap().even, Even::Off);
+    }
+}

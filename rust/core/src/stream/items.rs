@@ -1,0 +1,194 @@
+//! The stream as the user sees it: items (batches of `batch_size`, or rows handed over in
+//! chunks in row mode), skips recorded in the state, recorded skips replayed, and the saved
+//! state itself. One call per user action crosses into the core.
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+
+use super::Stream;
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::resume::Resume;
+use crate::settings::{Layout, Settings, StreamOptions, Tuning, DEFAULTS};
+use crate::state::envelope::{parse_stream, PositionRecord, StreamState};
+
+impl Stream {
+    /// The stream of `layout` starting where `resume` says, with `threads` readahead threads.
+    /// The resume point was validated when it was loaded: nothing is checked again.
+    pub fn resume(
+        catalog: Arc<Catalog>,
+        settings: &Settings,
+        tuning: &Tuning,
+        layout: Layout,
+        threads: usize,
+        resume: &Resume,
+    ) -> Result<Stream> {
+        let opts = StreamOptions::new(settings, tuning, resume.first_epoch(), layout.even, threads);
+        let position = resume.position(&catalog, settings, layout)?;
+        let mut s = Stream::new(catalog, opts, layout.slot)?;
+        if let Some(st) = position {
+            let plan = s.plan_for(st.epoch);
+            s.apply(plan, &st);
+        }
+        s.settings = settings.clone();
+        s.keep_batch_start(settings.batch_size.is_none());
+        s.skips = resume.skips.clone();
+        s.replay = resume.replay.clone();
+        Ok(s)
+    }
+
+    /// The next item: a batch of `batch_size` rows (an epoch's short last one unless
+    /// `drop_last`), or in row mode a chunk of rows (cut where a replayed skip starts); `None` at
+    /// the end of the pass. Recorded skips due at the current position are applied first.
+    pub fn next_item(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            let room = if self.replay.is_empty() {
+                None
+            } else {
+                self.replay_due()?
+            };
+            let batch = match self.settings.batch_size {
+                Some(bs) => self.next_batch(bs.min(usize::MAX as u64) as usize)?,
+                None => {
+                    let chunk = DEFAULTS.row_chunk as u64;
+                    self.next_batch(room.map_or(chunk, |r| r.min(chunk)) as usize)?
+                }
+            };
+            match batch {
+                None => {
+                    self.ended = true;
+                    return Ok(None);
+                }
+                Some(b) => {
+                    let short = self
+                        .settings
+                        .batch_size
+                        .is_some_and(|bs| (b.num_rows() as u64) < bs);
+                    if self.settings.drop_last && short {
+                        continue;
+                    }
+                    return Ok(Some(b));
+                }
+            }
+        }
+    }
+
+    /// Replay: apply the recorded skip that starts at the current position, if any; returns
+    /// the rows until the next one in this epoch (`None`: none ahead).
+    fn replay_due(&mut self) -> Result<Option<u64>> {
+        loop {
+            let (epoch, at) = self.position();
+            let (here, next) = self.replay.due(self.slot, epoch, at);
+            let Some(rec) = here else {
+                return Ok(next.map(|n| n - at));
+            };
+            self.skip_recorded(rec.stop - at, 1)?;
+            if self.position() == (epoch, at) {
+                return Ok(None); // the end of the pass
+            }
+        }
+    }
+
+    /// Also replay these skips when the stream reaches them.
+    pub fn add_replay(
+        &mut self,
+        records: impl IntoIterator<Item = crate::state::envelope::SkipRecord>,
+    ) {
+        self.replay.extend(records);
+    }
+
+    /// Skip `items` items of `item_rows` rows and record the rows passed over.
+    fn skip_recorded(&mut self, items: u64, item_rows: u64) -> Result<()> {
+        let ranges = self.skip(items, item_rows, self.settings.drops_short())?;
+        self.skips.record(self.slot, &ranges);
+        Ok(())
+    }
+
+    /// Pass over the next `n` items without reading them, recorded in the state. In row mode,
+    /// `within` = rows of the last chunk actually yielded: the rest of that chunk is dropped
+    /// (the position goes back to the last yielded row first).
+    pub fn skip_items(&mut self, n: u64, within: Option<usize>) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some(k) = within {
+            let st = self.state_within_batch(k)?;
+            self.restore(&st)?;
+        }
+        self.skip_recorded(n, self.settings.item_rows())
+    }
+
+    /// The saved state: the position after the last returned row (`within=None`) or after the
+    /// first `within` rows of the last returned chunk (row mode).
+    pub fn checkpoint(&mut self, within: Option<usize>) -> Result<StreamState> {
+        let (st, text) = self.snapshot(within)?;
+        let buffer = text.to_owned();
+        let seek = self.seek_of(&st);
+        Ok(StreamState::new(
+            &self.catalog,
+            &self.settings,
+            self.opts.first_epoch,
+            Some((
+                self.slot,
+                self.opts.even,
+                PositionRecord::of(&st, buffer, seek),
+            )),
+            self.skips.records(),
+        ))
+    }
+
+    /// Where the next stream of this dataset starts: here (`within` rows into the last chunk),
+    /// or, once the pass has ended, the start of the pass again; skip history and the rest of
+    /// the replay plan carry over.
+    pub fn resume_point(&self, within: Option<usize>) -> Result<Resume> {
+        if self.ended {
+            let mut r = Resume::start(self.opts.first_epoch);
+            r.skips = self.skips.clone();
+            r.replay = self.replay.clone();
+            return Ok(r);
+        }
+        let st = match within {
+            Some(k) => self.state_within_batch(k)?,
+            None => self.state(),
+        };
+        let spec = self.spec_of(&st.specs, st.epoch);
+        Ok(Resume::at(
+            self.opts.first_epoch,
+            self.slot,
+            self.opts.even,
+            (st, spec),
+            self.skips.clone(),
+            self.replay.clone(),
+        ))
+    }
+}
+
+/// A checkpoint's single state rewritten as if its stream had skipped `n` more items.
+pub fn skip_state(
+    catalog: &Arc<Catalog>,
+    settings: &Settings,
+    state: serde_json::Value,
+    n: u64,
+) -> Result<StreamState> {
+    let st = parse_stream(state.clone(), "state")?;
+    let Some((slot, even)) = st.layout() else {
+        return Err(Error::State(
+            "skip_state needs states of slots that have started (this one has no position): \
+             iterate once, or use skip() before iterating"
+                .into(),
+        ));
+    };
+    let resume = Resume::load(catalog, settings, vec![state], false)?;
+    let layout = Layout { slot, even };
+    let mut s = Stream::resume(
+        catalog.clone(),
+        settings,
+        &Tuning::default(),
+        layout,
+        0,
+        &resume,
+    )?;
+    s.skip_items(n, None)?;
+    s.checkpoint(None)
+}

@@ -1,0 +1,696 @@
+//! One slot's stream of output batches across epochs: plan + reader + shuffle buffer + state.
+//!
+//! Output rows come from two places: straight from the input (no shuffle; output batches are
+//! zero-copy slices of decoded batches, concatenated only where a batch spans a read boundary)
+//! or from the shuffle buffer, whose entries point into retained decoded batches; an output batch
+//! is gathered from them in one pass (`interleave_record_batch`). A decoded batch is dropped when
+//! its last buffered row leaves; when the retained batches hold much more than the buffer needs,
+//! the survivors are compacted into one batch so memory stays bounded by about
+//! `2 * shuffle_buffer + 2 * read_batch_rows` rows.
+//!
+//! The state is always the position after the last *emitted* row; after a restore the buffer's
+//! rows are re-read by id (hydration) before the next output.
+
+mod input;
+mod items;
+pub use items::skip_state;
+mod slab;
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_select::concat::concat_batches;
+
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::plan::{EpochPlan, Segments, Slot, SlotSpec, Unit};
+use crate::resume::SkipLog;
+use crate::rng::{derive_key, Prng};
+use crate::settings::Settings;
+pub use crate::settings::StreamOptions;
+use crate::shuffle::Buffer;
+use crate::state::{check_state, Base64Cache, Seek, SlotState};
+use input::{CoordRows, DataRows, Input};
+use slab::{hydrate, DataSide, Loc, Slab};
+
+/// The stream of one slot.
+pub struct Stream {
+    catalog: Arc<Catalog>,
+    units: Arc<Vec<Unit>>,
+    opts: StreamOptions,
+    slot: Slot,
+    epoch: u64,
+    cursor: u64,
+    emitted: u64,
+    rng: Prng,
+    buffer: Buffer<Loc>,
+    plan: Arc<EpochPlan>,
+    /// What this slot reads in the current epoch.
+    spec: SlotSpec,
+    /// Non-standard specs of the current and later epochs (after an elastic resume).
+    specs: Vec<(u64, SlotSpec)>,
+    data: Option<DataSide>,
+    /// Incremental base64 of the buffer for cheap per-step snapshots.
+    encoded: Base64Cache,
+    /// State before the last returned batch, when `keep_batch_start` is on (row mode).
+    batch_start: Option<SlotState>,
+    keep_batch_start: bool,
+    /// The settings the state records (items, drop_last, the user's `even`).
+    settings: Settings,
+    /// Every skip applied (history) and skips to apply again on reaching them (items.rs).
+    skips: SkipLog,
+    replay: SkipLog,
+    /// `next_item` returned the end of the pass.
+    ended: bool,
+}
+
+impl Stream {
+    pub fn new(catalog: Arc<Catalog>, opts: StreamOptions, slot: Slot) -> Result<Self> {
+        if opts.epochs == Some(0) {
+            return Err(Error::Config(
+                "epochs must be at least 1 (or None for endless)".into(),
+            ));
+        }
+        let units = catalog.units();
+        let plan = Arc::new(EpochPlan::new(
+            units.clone(),
+            opts.seed,
+            opts.first_epoch,
+            opts.shuffle_buffer > 0,
+        ));
+        let spec = slot.standard_spec(plan.total(), opts.even);
+        let rng = Prng::new(buffer_key(&opts, opts.first_epoch, slot));
+        let settings = Settings {
+            seed: opts.seed,
+            shuffle_buffer: opts.shuffle_buffer,
+            batch_size: None,
+            drop_last: false,
+            epochs: opts.epochs,
+            even: opts.even,
+        };
+        Ok(Stream {
+            epoch: opts.first_epoch,
+            cursor: 0,
+            emitted: 0,
+            buffer: Buffer::new(opts.shuffle_buffer),
+            catalog,
+            units,
+            opts,
+            slot,
+            rng,
+            plan,
+            spec,
+            specs: Vec::new(),
+            data: None,
+            encoded: Base64Cache::default(),
+            batch_start: None,
+            keep_batch_start: false,
+            settings,
+            skips: SkipLog::default(),
+            replay: SkipLog::default(),
+            ended: false,
+        })
+    }
+
+    /// Remember the state before each batch, so [`Stream::state_within_batch`] works (row mode).
+    pub fn keep_batch_start(&mut self, on: bool) {
+        self.keep_batch_start = on;
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn slot(&self) -> Slot {
+        self.slot
+    }
+
+    pub fn options(&self) -> &StreamOptions {
+        &self.opts
+    }
+
+    fn end_epoch(&self) -> Option<u64> {
+        self.opts.epochs.map(|n| self.opts.first_epoch + n)
+    }
+
+    fn plan_for(&self, epoch: u64) -> Arc<EpochPlan> {
+        if self.plan.epoch == epoch {
+            return self.plan.clone();
+        }
+        Arc::new(EpochPlan::new(
+            self.units.clone(),
+            self.opts.seed,
+            epoch,
+            self.opts.shuffle_buffer > 0,
+        ))
+    }
+
+    fn standard_spec(&self) -> SlotSpec {
+        // Every epoch has the same total, so the standard spec does not depend on the epoch.
+        self.slot.standard_spec(self.plan.total(), self.opts.even)
+    }
+
+    /// The spec of `epoch` given the non-standard `specs`.
+    fn spec_of(&self, specs: &[(u64, SlotSpec)], epoch: u64) -> SlotSpec {
+        specs
+            .iter()
+            .find(|(e, _)| *e == epoch)
+            .map_or_else(|| self.standard_spec(), |(_, s)| s.clone())
+    }
+
+    /// True if no epoch after the current one has rows for this slot.
+    fn nothing_after(&self) -> bool {
+        self.standard_spec().output_len() == 0 && self.specs.iter().all(|(e, _)| *e <= self.epoch)
+    }
+
+    /// `(epoch, rows emitted in it)` of the next output row: at the end of an epoch that is the
+    /// start of the next one (unless the pass ends there).
+    pub fn position(&self) -> (u64, u64) {
+        let end = self.end_epoch();
+        let at_end = self.emitted >= self.spec.output_len();
+        if at_end && end.is_none_or(|e| self.epoch + 1 < e) && !self.nothing_after() {
+            return (self.epoch + 1, 0);
+        }
+        (self.epoch, self.emitted)
+    }
+
+    /// The position after the last emitted row.
+    pub fn state(&self) -> SlotState {
+        SlotState {
+            buffer: self.buffer.rows.clone(),
+            ..self.state_without_buffer()
+        }
+    }
+
+    /// A state for serialization: the state (`within` rows into the last batch, or after it)
+    /// with its buffer moved out into base64 text, encoded incrementally.
+    pub fn snapshot(&mut self, within: Option<usize>) -> Result<(SlotState, &str)> {
+        let mut st = match within {
+            Some(k) => self.state_within_batch(k)?,
+            None => self.state_without_buffer(),
+        };
+        let rows = std::mem::take(&mut st.buffer);
+        let text = self.encoded.encode(if within.is_some() {
+            &rows
+        } else {
+            &self.buffer.rows
+        });
+        Ok((st, text))
+    }
+
+    fn state_without_buffer(&self) -> SlotState {
+        SlotState {
+            epoch: self.epoch,
+            cursor: self.cursor,
+            emitted: self.emitted,
+            rng_word_pos: self.rng.word_pos(),
+            buffer: Vec::new(),
+            specs: self.specs.clone(),
+        }
+    }
+
+    /// The seek a resume from `st` starts with; `None` when its slot has no input left this epoch.
+    pub fn seek_of(&self, st: &SlotState) -> Option<Seek> {
+        seek_of(
+            &self.catalog,
+            &self.plan_for(st.epoch),
+            &self.spec_of(&st.specs, st.epoch),
+            st,
+        )
+    }
+
+    /// The position after the first `k` rows of the last returned batch.
+    pub fn state_within_batch(&self, k: usize) -> Result<SlotState> {
+        let start = self.batch_start.as_ref().ok_or_else(|| {
+            Error::Internal("state_within_batch needs keep_batch_start and a returned batch".into())
+        })?;
+        self.advance_state(start, k as u64)
+    }
+
+    fn set_epoch(&mut self, epoch: u64) {
+        self.plan = self.plan_for(epoch);
+        self.specs.retain(|(e, _)| *e >= epoch);
+        self.spec = self.spec_of(&self.specs, epoch);
+        self.rng = Prng::new(buffer_key(&self.opts, epoch, self.slot));
+        self.epoch = epoch;
+        self.cursor = 0;
+        self.emitted = 0;
+        self.buffer = Buffer::new(self.opts.shuffle_buffer);
+        self.buffer.rows = self.spec.injected.clone();
+        self.buffer.data = vec![Loc::default(); self.buffer.rows.len()];
+        self.data = None;
+    }
+
+    /// Check `st` against this stream's settings and slot; returns its epoch's plan.
+    pub fn check(&self, st: &SlotState) -> Result<Arc<EpochPlan>> {
+        let plan = self.plan_for(st.epoch);
+        check_state(&self.opts, self.slot, &plan, st)?;
+        Ok(plan)
+    }
+
+    /// Continue from `st` (validated first; on error the stream is unchanged).
+    pub fn restore(&mut self, st: &SlotState) -> Result<()> {
+        let plan = self.check(st)?;
+        self.apply(plan, st);
+        Ok(())
+    }
+
+    /// Take over a state already validated against `plan` (its epoch's plan).
+    fn apply(&mut self, plan: Arc<EpochPlan>, st: &SlotState) {
+        self.plan = plan;
+        self.specs = st.specs.clone();
+        self.set_epoch(st.epoch);
+        self.cursor = st.cursor;
+        self.emitted = st.emitted;
+        self.rng.set_word_pos(st.rng_word_pos);
+        self.buffer.rows = st.buffer.clone();
+        self.buffer.data = vec![Loc::default(); st.buffer.len()];
+        self.batch_start = None;
+    }
+
+    /// `st` moved forward by `k` output rows (within its epoch), computed on row ids alone.
+    pub fn advance_state(&self, st: &SlotState, k: u64) -> Result<SlotState> {
+        let plan = self.plan_for(st.epoch);
+        let spec = self.spec_of(&st.specs, st.epoch);
+        let len = spec.input_len();
+        let mut out = st.clone();
+        if self.opts.shuffle_buffer == 0 {
+            let k = k.min(len - st.emitted);
+            out.cursor += k;
+            out.emitted += k;
+            return Ok(out);
+        }
+        let mut rng = Prng::new(buffer_key(&self.opts, st.epoch, self.slot));
+        rng.set_word_pos(st.rng_word_pos);
+        let mut buf: Buffer<()> = Buffer {
+            capacity: self.opts.shuffle_buffer,
+            data: vec![(); st.buffer.len()],
+            rows: std::mem::take(&mut out.buffer),
+        };
+        let mut src = CoordRows {
+            segments: Segments::new(plan.clone(), spec.ranges_after(st.cursor), u64::MAX),
+            current: None,
+        };
+        for _ in 0..k {
+            if buf
+                .step(&mut rng, &mut src, &mut out.cursor, len, &mut out.emitted)?
+                .is_none()
+            {
+                break;
+            }
+        }
+        out.buffer = buf.rows;
+        out.rng_word_pos = rng.word_pos();
+        Ok(out)
+    }
+
+    /// Skip the next `items` outputs without reading them: an output is `item_rows` rows (a
+    /// batch; 1 in row mode), or fewer at the end of an epoch, as [`Stream::next_batch`] would cut
+    /// them. With `drop_short`, an epoch's short last batch is skipped without counting, as the
+    /// Python layer drops it (`drop_last`). Works on row coordinates only (the shuffle buffer is
+    /// simulated on row ids), so nothing skipped is read or decoded; the rows left in the buffer
+    /// are re-read on the next batch, as after a resume.
+    ///
+    /// Returns the skipped row ranges as `(epoch, start, stop)` in this slot's epoch positions
+    /// (`emitted` before and after), one per epoch touched; fewer items are skipped only when
+    /// the pass ends first.
+    pub fn skip(
+        &mut self,
+        mut items: u64,
+        item_rows: u64,
+        drop_short: bool,
+    ) -> Result<Vec<(u64, u64, u64)>> {
+        let item_rows = item_rows.max(1);
+        let mut out = Vec::new();
+        while items > 0 {
+            let end = self.end_epoch();
+            if end.is_some_and(|e| self.epoch >= e) {
+                break;
+            }
+            let left = self.spec.output_len() - self.emitted;
+            if left == 0 {
+                // Same rule as next_batch: never step onto an empty epoch past the pass.
+                if end == Some(self.epoch + 1) || self.nothing_after() {
+                    break;
+                }
+                self.set_epoch(self.epoch + 1);
+                continue;
+            }
+            let (full, short) = (left / item_rows, left % item_rows);
+            let rows = if items <= full {
+                items * item_rows
+            } else {
+                left // the rest of the epoch: every full batch and the short one
+            };
+            items -= if items <= full {
+                items
+            } else {
+                full + u64::from(short > 0 && !drop_short)
+            };
+            let start = self.emitted;
+            let st = self.advance_state(&self.state(), rows)?;
+            if st.emitted != start + rows {
+                return Err(Error::Internal(format!(
+                    "skip moved {} rows instead of {rows}",
+                    st.emitted - start
+                )));
+            }
+            let plan = self.plan.clone();
+            self.apply(plan, &st);
+            out.push((self.epoch, start, st.emitted));
+        }
+        Ok(out)
+    }
+
+    /// The next batch of up to `max_rows` rows (fewer only at the end of an epoch; batches never
+    /// span epochs), or `None` at the end of the pass.
+    pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>> {
+        let max_rows = max_rows.max(1);
+        loop {
+            let end = self.end_epoch();
+            if end.is_some_and(|e| self.epoch >= e) {
+                return Ok(None);
+            }
+            if self.emitted < self.spec.output_len() {
+                break;
+            }
+            // Stay at "end of the last epoch" rather than move to an empty epoch past it; and
+            // stop for good if this slot has no rows in any later epoch (more slots than rows).
+            if end == Some(self.epoch + 1) || self.nothing_after() {
+                return Ok(None);
+            }
+            self.set_epoch(self.epoch + 1);
+        }
+        if self.keep_batch_start {
+            self.batch_start = Some(self.state());
+        }
+        let out = if self.opts.shuffle_buffer == 0 {
+            self.next_plain(max_rows)?
+        } else {
+            self.next_shuffled(max_rows)?
+        };
+        Ok(Some(out))
+    }
+
+    fn data_side(&mut self) -> Result<&mut DataSide> {
+        if self
+            .data
+            .as_ref()
+            .is_some_and(|d| !d.input.owned_by_this_process())
+        {
+            // Forked since readahead started: the threads are gone and their channels' locks may
+            // be held forever. Abandon (never drop) that side and rebuild it from the state.
+            std::mem::forget(self.data.take());
+        }
+        if self.data.is_none() {
+            let input = Input::new(
+                self.catalog.clone(),
+                &self.plan,
+                &self.spec,
+                self.cursor,
+                &self.opts,
+            );
+            let mut slab = Slab::default();
+            if !self.buffer.rows.is_empty() {
+                // Refill with as many threads as readahead may use (scoped: joined right here).
+                hydrate(
+                    &self.catalog,
+                    &mut self.buffer,
+                    &mut slab,
+                    self.opts.read_batch_rows,
+                    self.opts.readahead_threads,
+                )?;
+            }
+            self.data = Some(DataSide { input, slab });
+        }
+        Ok(self.data.as_mut().expect("just set"))
+    }
+
+    fn next_plain(&mut self, max_rows: usize) -> Result<RecordBatch> {
+        let want = (max_rows as u64).min(self.spec.output_len() - self.emitted) as usize;
+        let schema = self.catalog.schema().clone();
+        let data = self.data_side()?;
+        let mut parts = Vec::new();
+        let mut got = 0;
+        while got < want {
+            let part = data.input.take(want - got)?;
+            got += part.num_rows();
+            parts.push(part);
+        }
+        self.cursor += got as u64;
+        self.emitted += got as u64;
+        if parts.len() == 1 {
+            return Ok(parts.pop().expect("one part"));
+        }
+        concat_batches(&schema, &parts).map_err(|e| Error::Internal(format!("concat: {e}")))
+    }
+
+    fn next_shuffled(&mut self, max_rows: usize) -> Result<RecordBatch> {
+        let len = self.spec.input_len();
+        self.data_side()?;
+        let data = self.data.as_mut().expect("hydrated");
+        // Sized by the rows left in the epoch, not by the request (a batch_size of 10^11 is
+        // legal and must not allocate up front).
+        let left = (self.spec.output_len() - self.emitted).min(max_rows as u64);
+        let mut picks = Vec::with_capacity(left as usize);
+        let mut src = DataRows {
+            input: &mut data.input,
+            slab: &mut data.slab,
+        };
+        while picks.len() < max_rows {
+            match self.buffer.step(
+                &mut self.rng,
+                &mut src,
+                &mut self.cursor,
+                len,
+                &mut self.emitted,
+            )? {
+                Some((_, loc)) => picks.push(loc),
+                None => break,
+            }
+        }
+        let out = data.slab.gather(self.catalog.schema(), &picks)?;
+        for l in &picks {
+            data.slab.release(l.batch);
+        }
+        // Compact when retained batches hold far more rows than the buffer needs.
+        let limit =
+            2 * self.buffer.capacity.max(self.buffer.rows.len()) + 2 * self.opts.read_batch_rows;
+        if data.slab.live_rows > limit && !self.buffer.rows.is_empty() {
+            let merged = data.slab.gather(self.catalog.schema(), &self.buffer.data)?;
+            for l in &self.buffer.data {
+                data.slab.release(l.batch);
+            }
+            let id = data.slab.insert(merged, self.buffer.data.len() as u32);
+            for (i, l) in self.buffer.data.iter_mut().enumerate() {
+                *l = Loc {
+                    batch: id,
+                    row: i as u32,
+                };
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The seek a resume from `st` (of a slot reading `spec` in `plan`'s epoch) starts with; `None`
+/// when the slot has no input left in that epoch.
+pub fn seek_of(
+    catalog: &Catalog,
+    plan: &EpochPlan,
+    spec: &SlotSpec,
+    st: &SlotState,
+) -> Option<Seek> {
+    let next = spec.ranges_after(st.cursor).first()?.start;
+    if next >= plan.total() {
+        return None;
+    }
+    let (s, g, row) = catalog.locate(plan.row_at(next))?;
+    let shard = catalog.shard(s);
+    Some(Seek {
+        shard: shard.rel_path.clone(),
+        row_group: g as u64,
+        row,
+        byte_offset: shard.row_groups[g].byte_offset,
+    })
+}
+
+fn buffer_key(opts: &StreamOptions, epoch: u64, slot: Slot) -> [u8; 32] {
+    derive_key(
+        "shuffle-buffer",
+        &[opts.seed, epoch, slot.index as u64, slot.count as u64],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::{drain_ids as drain, ids, write_shards};
+    use proptest::prelude::*;
+
+    fn opts(shuffle: usize, threads: usize, epochs: u64) -> StreamOptions {
+        StreamOptions {
+            seed: 9,
+            shuffle_buffer: shuffle,
+            epochs: Some(epochs),
+            read_batch_rows: 5,
+            readahead_threads: threads,
+            piece_rows: 6,
+            ..Default::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Readahead (any thread count) yields exactly the synchronous stream, and restoring
+        /// the state taken after any batch continues it exactly, with or without readahead.
+        #[test]
+        fn readahead_and_restore_preserve_the_stream(
+            rows in proptest::collection::vec(0usize..40, 1..5), rg in 1usize..15,
+            shuffle in prop_oneof![Just(0usize), 1usize..60], bs in 1usize..9,
+            threads in 0usize..4, slots in 1u32..3, cut in any::<proptest::sample::Index>(),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let files = write_shards(dir.path(), &rows, rg);
+            let cat = Arc::new(Catalog::open(&files, None).unwrap());
+            let mut seen = Vec::new();
+            for slot in 0..slots {
+                let slot = Slot::new(slot, slots).unwrap();
+                let reference = drain(&mut Stream::new(cat.clone(), opts(shuffle, 0, 2), slot).unwrap(), bs);
+                let ahead = drain(&mut Stream::new(cat.clone(), opts(shuffle, threads, 2), slot).unwrap(), bs);
+                prop_assert_eq!(&ahead, &reference);
+                let k = if reference.is_empty() { 0 } else { cut.index(reference.len() + 1) };
+                let mut s = Stream::new(cat.clone(), opts(shuffle, threads, 2), slot).unwrap();
+                for _ in 0..k {
+                    s.next_batch(bs).unwrap();
+                }
+                let st = s.state();
+                let mut resumed = Stream::new(cat.clone(), opts(shuffle, threads, 2), slot).unwrap();
+                resumed.restore(&st).unwrap();
+                prop_assert_eq!(&drain(&mut resumed, bs)[..], &reference[k..]);
+                seen.extend(reference.into_iter().flatten());
+            }
+            // Two epochs: every row exactly twice over all slots.
+            seen.sort_unstable();
+            let total: usize = rows.iter().sum();
+            let want: Vec<i64> = (0..total as i64).flat_map(|x| [x, x]).collect();
+            prop_assert_eq!(seen, want);
+        }
+
+        /// Skipping n batches (on coordinates, nothing read) leaves the stream exactly where
+        /// reading and discarding them would, across epoch ends and short last batches, and
+        /// reports the skipped rows as per-epoch position ranges.
+        #[test]
+        fn skip_equals_read_and_discard(
+            rows in proptest::collection::vec(0usize..30, 1..4), rg in 1usize..9,
+            shuffle in prop_oneof![Just(0usize), 1usize..40], bs in 1usize..7,
+            threads in 0usize..3, slots in 1u32..3, before in 0usize..6, n in 0u64..12,
+            drop_short: bool,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let files = write_shards(dir.path(), &rows, rg);
+            let cat = Arc::new(Catalog::open(&files, None).unwrap());
+            for slot in 0..slots {
+                let slot = Slot::new(slot, slots).unwrap();
+                // Reference: what a reader that drops short batches (drop_last) counts as items.
+                let mut reference = Vec::new();
+                let mut r = Stream::new(cat.clone(), opts(shuffle, 0, 3), slot).unwrap();
+                while let Some(b) = r.next_batch(bs).unwrap() {
+                    if !(drop_short && b.num_rows() < bs) {
+                        reference.push((r.state().epoch, ids(&b)));
+                    }
+                }
+                let mut s = Stream::new(cat.clone(), opts(shuffle, threads, 3), slot).unwrap();
+                let mut got = Vec::new();
+                while got.len() < before {
+                    match s.next_batch(bs).unwrap() {
+                        Some(b) if drop_short && b.num_rows() < bs => {}
+                        Some(b) => got.push((s.state().epoch, ids(&b))),
+                        None => break,
+                    }
+                }
+                let ranges = s.skip(n, bs as u64, drop_short).unwrap();
+                let skipped: u64 = ranges.iter().map(|(_, a, b)| b - a).sum();
+                let cut = (got.len() + n as usize).min(reference.len());
+                let expect_rows: u64 = reference[got.len()..cut]
+                    .iter()
+                    .map(|(_, v)| v.len() as u64)
+                    .sum();
+                // A dropped short batch is skipped too, without counting; at most one per epoch.
+                prop_assert!(skipped >= expect_rows);
+                prop_assert!(ranges.windows(2).all(|w| w[0].0 < w[1].0));
+                while let Some(b) = s.next_batch(bs).unwrap() {
+                    if !(drop_short && b.num_rows() < bs) {
+                        got.push((s.state().epoch, ids(&b)));
+                    }
+                }
+                let mut want = reference[..before.min(reference.len())].to_vec();
+                want.extend_from_slice(&reference[cut.max(want.len())..]);
+                prop_assert_eq!(got, want);
+            }
+        }
+
+        /// The state after k rows of a batch, computed on row ids alone, equals the state of a
+        /// stream that really emitted exactly those rows.
+        #[test]
+        fn state_within_batch_matches_real_position(
+            rows in proptest::collection::vec(1usize..30, 1..4), shuffle in 0usize..40,
+            bs in 1usize..12, batches in 0usize..6, k in 0usize..12,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let files = write_shards(dir.path(), &rows, 4);
+            let cat = Arc::new(Catalog::open(&files, None).unwrap());
+            let slot = Slot::new(0, 1).unwrap();
+            let mut a = Stream::new(cat.clone(), opts(shuffle, 0, 1), slot).unwrap();
+            a.keep_batch_start(true);
+            let mut b = Stream::new(cat.clone(), opts(shuffle, 0, 1), slot).unwrap();
+            for _ in 0..batches {
+                if a.next_batch(bs).unwrap().is_none() { break; }
+                b.next_batch(bs).unwrap();
+            }
+            if let Some(batch) = a.next_batch(bs).unwrap() {
+                let k = k.min(batch.num_rows());
+                b.next_batch(k.max(1)).unwrap();
+                let expect = if k == 0 { a.batch_start.clone().unwrap() } else { b.state() };
+                prop_assert_eq!(a.state_within_batch(k).unwrap(), expect);
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_states_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[30, 20], 7);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        let slot = Slot::new(0, 1).unwrap();
+        let mut s = Stream::new(cat.clone(), opts(8, 0, 1), slot).unwrap();
+        s.next_batch(5).unwrap();
+        let good = s.state();
+        let mut fresh = Stream::new(cat.clone(), opts(8, 0, 1), slot).unwrap();
+        fresh.restore(&good).unwrap();
+        let mut bad = vec![];
+        let mut st = good.clone();
+        st.buffer[0] = st.buffer[1];
+        bad.push(("duplicate", st));
+        let mut st = good.clone();
+        st.buffer[0] = 49; // a row this slot has not read yet
+        bad.push(("unread row", st));
+        let mut st = good.clone();
+        st.buffer.pop();
+        bad.push(("short buffer", st));
+        let mut st = good.clone();
+        st.cursor = 51;
+        bad.push(("cursor past end", st));
+        let mut st = good.clone();
+        st.emitted += 1;
+        bad.push(("emitted", st));
+        let mut st = good.clone();
+        st.epoch = 5;
+        bad.push(("epoch", st));
+        for (what, st) in bad {
+            let r = fresh.restore(&st);
+            assert!(matches!(r, Err(Error::State(_))), "{what}: {r:?}");
+        }
+    }
+}

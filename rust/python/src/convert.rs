@@ -1,0 +1,137 @@
+//! Python objects <-> the core's state tree (`serde_json::Value`), and Arrow batches out.
+//!
+//! Only shapes are converted here: what a state's fields must be is the core's business
+//! (`shardstream_core::state::envelope`). What cannot be a state value at all — bytes, objects,
+//! NaN, ints beyond 64 bits, dict keys that are not strings, nesting deeper than any state — is a
+//! `StateError` naming where it is (`state['position']['buffer']`).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use serde_json::{Map, Number, Value};
+
+use crate::error::state_error;
+
+/// Deeper than any state shardstream writes (5 levels today), shallow enough to never recurse
+/// into trouble on a hostile checkpoint.
+const MAX_DEPTH: usize = 32;
+
+/// `obj` (a state or part of one) as a value tree; `what` names it in errors.
+pub fn to_value(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
+    let mut path = what.to_string();
+    convert(obj, &mut path, 0)
+}
+
+fn convert(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> PyResult<Value> {
+    let py = obj.py();
+    if depth > MAX_DEPTH {
+        return Err(state_error(
+            py,
+            format!("{path} is nested deeper than {MAX_DEPTH} levels: not a shardstream state"),
+        ));
+    }
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        if let Ok(v) = obj.extract::<u64>() {
+            return Ok(Value::Number(v.into()));
+        }
+        if let Ok(v) = obj.extract::<i64>() {
+            return Ok(Value::Number(v.into()));
+        }
+        return Err(state_error(
+            py,
+            format!("{path} must be an int in [-2**63, 2**64), got {obj}"),
+        ));
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        return Number::from_f64(f.value())
+            .map(Value::Number)
+            .ok_or_else(|| {
+                state_error(py, format!("{path} is {obj}, not a number a state holds"))
+            });
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::String(s.to_str()?.to_owned()));
+    }
+    let items = |it: pyo3::Bound<'_, pyo3::types::PyIterator>, path: &mut String| {
+        let mut out = Vec::new();
+        for (i, item) in it.enumerate() {
+            let len = path.len();
+            path.push_str(&format!("[{i}]"));
+            out.push(convert(&item?, path, depth + 1)?);
+            path.truncate(len);
+        }
+        Ok::<_, PyErr>(Value::Array(out))
+    };
+    if let Ok(l) = obj.cast::<PyList>() {
+        return items(l.try_iter()?, path);
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return items(t.try_iter()?, path);
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut map = Map::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let Ok(key) = k.extract::<String>() else {
+                return Err(state_error(
+                    py,
+                    format!("{path} has a key that is not a str: {k}"),
+                ));
+            };
+            let len = path.len();
+            path.push_str(&format!("['{key}']"));
+            let v = convert(&v, path, depth + 1)?;
+            path.truncate(len);
+            map.insert(key, v);
+        }
+        return Ok(Value::Object(map));
+    }
+    Err(state_error(
+        py,
+        format!(
+            "{path} is a {}: a state holds only None, bools, ints, strings, lists and dicts",
+            obj.get_type().name()?
+        ),
+    ))
+}
+
+/// A value tree as plain Python objects (dicts keep the fields' order).
+pub fn from_value<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any()
+            } else if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any()
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(items) => {
+            let l = PyList::empty(py);
+            for it in items {
+                l.append(from_value(py, it)?)?;
+            }
+            l.into_any()
+        }
+        Value::Object(map) => {
+            let d = PyDict::new(py);
+            for (k, v) in map {
+                d.set_item(k, from_value(py, v)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+/// Every item of a Python list as a value tree (each a state: `state[...]` in errors).
+pub fn list_to_values(items: &Bound<'_, PyList>) -> PyResult<Vec<Value>> {
+    items.iter().map(|it| to_value(&it, "state")).collect()
+}

@@ -1,0 +1,135 @@
+//! `RawStream`: one iterator's stream (one slot), from a resume point to the end of the pass.
+
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use pyo3_arrow::PyRecordBatch;
+use shardstream_core::{Error, Layout, Stream};
+
+use crate::catalog::RawCatalog;
+use crate::error::{detach, guard, to_py};
+use crate::resume::{state_to_py, RawResume};
+use crate::settings::RawSettings;
+
+/// `(rank, world_size, worker, num_workers)` as the core's layout under `settings.even`.
+pub fn layout(
+    py: Python<'_>,
+    settings: &RawSettings,
+    (rank, world, worker, workers): (u64, u64, u64, u64),
+) -> PyResult<Layout> {
+    Layout::new(rank, world, worker, workers, settings.settings.even).map_err(|e| to_py(py, e))
+}
+
+/// One slot's stream. `None` after an internal error: the stream refuses further use rather
+/// than continue from a state it can't trust.
+#[pyclass(name = "RawStream", module = "shardstream._core", frozen)]
+pub struct RawStream {
+    inner: Mutex<Option<Stream>>,
+}
+
+impl RawStream {
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Stream) -> Result<T, Error> + Send,
+    ) -> PyResult<T> {
+        detach(py, || {
+            let mut guard_ = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let stream = guard_.as_mut().ok_or_else(|| {
+                Error::Internal(
+                    "this stream hit an internal error earlier; load the last state into a new one"
+                        .into(),
+                )
+            })?;
+            let r = guard(|| f(stream));
+            if matches!(r, Err(Error::Internal(_))) {
+                *guard_ = None;
+            }
+            r
+        })
+    }
+}
+
+#[pymethods]
+impl RawStream {
+    /// The stream of `layout` (rank, world_size, worker, num_workers), starting at `resume`.
+    #[new]
+    fn new(
+        py: Python<'_>,
+        catalog: &RawCatalog,
+        settings: &RawSettings,
+        resume: &RawResume,
+        layout: (u64, u64, u64, u64),
+    ) -> PyResult<Self> {
+        let workers = layout.3;
+        let layout = self::layout(py, settings, layout)?;
+        let cat = catalog.inner.clone();
+        let threads = settings
+            .tuning
+            .threads(cat.is_remote(), workers.min(u32::MAX as u64) as u32);
+        let stream = detach(py, || {
+            Stream::resume(
+                cat,
+                &settings.settings,
+                &settings.tuning,
+                layout,
+                threads,
+                &resume.inner,
+            )
+        })?;
+        Ok(RawStream {
+            inner: Mutex::new(Some(stream)),
+        })
+    }
+
+    /// The next item as a `pyarrow.RecordBatch` (a batch, or in row mode a chunk of rows), or
+    /// `None` at the end of the pass.
+    fn next_item<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.with(py, |s| s.next_item())? {
+            Some(b) => Ok(Some(PyRecordBatch::new(b).into_pyarrow(py)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The state after the last returned item, or (row mode) after the first `within` rows of
+    /// the last returned chunk.
+    #[pyo3(signature = (within=None))]
+    fn state_dict<'py>(
+        &self,
+        py: Python<'py>,
+        within: Option<usize>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let st = self.with(py, |s| s.checkpoint(within))?;
+        state_to_py(py, &st)
+    }
+
+    /// Pass over the next `n` items without reading them (recorded in the state); in row mode
+    /// `within` rows of the last chunk were yielded and the rest of it is dropped.
+    #[pyo3(signature = (n, within=None))]
+    fn skip(&self, py: Python<'_>, n: u64, within: Option<usize>) -> PyResult<()> {
+        self.with(py, |s| s.skip_items(n, within))
+    }
+
+    /// Also replay skips (as `RawResume.with_replay`), from the current position on.
+    #[pyo3(signature = (records=None, states=None))]
+    fn add_replay(
+        &self,
+        py: Python<'_>,
+        records: Option<&Bound<'_, PyAny>>,
+        states: Option<&Bound<'_, pyo3::types::PyList>>,
+    ) -> PyResult<()> {
+        let found = crate::resume::replay_records(py, records, states)?;
+        self.with(py, |s| {
+            s.add_replay(found);
+            Ok(())
+        })
+    }
+
+    /// Where the dataset's next stream starts: here, or the start of the pass once it ended.
+    #[pyo3(signature = (within=None))]
+    fn resume_point(&self, py: Python<'_>, within: Option<usize>) -> PyResult<RawResume> {
+        let inner = self.with(py, |s| s.resume_point(within))?;
+        Ok(RawResume { inner })
+    }
+}

@@ -1,0 +1,186 @@
+"""HF ``Trainer``: a ParquetStream as ``train_dataset``, a mid-epoch checkpoint, resume.
+
+Recipe (docs/trainers.md): the defaults. The Trainer prepares its loader with accelerate, which
+dispatches batches for iterable datasets: process 0 reads, and ParquetStream reads every row
+there (it sees accelerate's loader). ``resume_from_checkpoint`` makes the Trainer skip the
+batches of the interrupted epoch already trained on, by reading them again (the stream is the
+same every time for the same seed and epoch), so the batches after resume are exactly the
+uninterrupted run's.
+
+Run as ``torchrun test_hf_trainer.py SPEC.json`` this file is the job of every process; a tiny
+GPT-2 built from a config (nothing downloaded) records the row ids of every batch it got.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from shardstream import ParquetStream
+from trainer_jobs import N_ROWS, global_steps, job_main, run_job
+
+pytestmark = pytest.mark.timeout(600)
+
+HERE = os.path.abspath(__file__)
+DATA = dict(columns=["id"], output="python", shuffle_buffer=64, seed=7)  # epochs=1 per pass
+PER_DEVICE = 8
+SAVE_AT = 9
+# 402 rows: 51 steps an epoch with 1 process (8 rows a step), 26 with 2 (16): both go on into
+# the second epoch.
+STEPS = {1: 60, 2: 34}
+# DataLoader workers: more than 1 is refused with several processes (see the refusal check).
+NWS = (0, 1)
+VOCAB = 64
+
+
+def collate(rows: list[dict]) -> dict:
+    import torch
+
+    ids = torch.tensor([r["id"] for r in rows])
+    tokens = torch.stack([ids % VOCAB, (ids // VOCAB) % VOCAB], dim=1)
+    return {"input_ids": tokens, "labels": tokens, "row_ids": ids}
+
+
+def reference_epochs(source: str, world: int, nw: int, batch: int = PER_DEVICE) -> list:
+    """Global batches of the first two epochs, per epoch: process 0's loader (``world x batch``
+    rows a step; its workers split the stream), as the Trainer calls set_epoch."""
+    from torch.utils.data import DataLoader
+
+    ds = ParquetStream(source, **DATA, rank=0, world_size=1)
+    dl = DataLoader(ds, batch_size=batch, collate_fn=collate, num_workers=nw)
+    epochs = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        base = [b["row_ids"].tolist() for b in dl]
+        epochs.append([sum(base[i : i + world], []) for i in range(0, len(base), world)])
+    return epochs
+
+
+# ------------------------------------------------------------------------------------ the job
+
+
+def _train(spec, run: dict, nw: int) -> list:
+    """One ``Trainer.train``: ``run`` has ``dir``, ``resume`` (a run dir or None), ``batch``
+    (per_device_train_batch_size), ``split`` (accelerator_config split_batches), ``steps``."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    class Recording(Trainer):
+        seen: list[list[int]] = []
+
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            self.seen.append(inputs.pop("row_ids").tolist())
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    config = GPT2Config(vocab_size=VOCAB, n_positions=4, n_embd=8, n_layer=1, n_head=2)
+    args = TrainingArguments(
+        output_dir=f"{run['dir']}-{nw}",
+        per_device_train_batch_size=run["batch"],
+        max_steps=run["steps"],
+        accelerator_config={"split_batches": run["split"]},
+        save_strategy="steps",
+        save_steps=SAVE_AT,
+        use_cpu=True,
+        report_to="none",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=nw,
+        remove_unused_columns=False,
+        seed=0,
+    )
+    trainer = Recording(
+        model=GPT2LMHeadModel(config),
+        args=args,
+        train_dataset=ParquetStream(spec["source"], **DATA),
+        data_collator=collate,
+    )
+    trainer.seen = []
+    resume = run["resume"] and os.path.join(f"{run['resume']}-{nw}", f"checkpoint-{SAVE_AT}")
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer.seen
+
+
+def job(spec, rank: int, world: int) -> dict:
+    out = {f"{run['name']}/{nw}": _train(spec, run, nw) for nw in NWS for run in spec["runs"]}
+    if world > 1:  # 2 workers: their last batches of an epoch come mid-stream, maybe short
+        try:
+            _train(spec, _run("refused", spec["refused_dir"]), 2)
+            out["refused"] = "no error"
+        except ValueError as e:
+            out["refused"] = str(e)
+    return out
+
+
+def _run(name: str, run_dir, resume=None, batch: int = PER_DEVICE, split=False, steps=34) -> dict:
+    return dict(
+        name=name,
+        dir=str(run_dir),
+        resume=resume and str(resume),
+        batch=batch,
+        split=split,
+        steps=steps,
+    )
+
+
+# ------------------------------------------------------------------------------------ tests
+
+
+def test_hf_trainer_resume(rows, tmp_path):
+    """2 processes, then 1, DataLoader workers 0 and 1: the Trainer trains on every row once an
+    epoch (the one-process stream); resuming from checkpoint-9 gives exactly the uninterrupted
+    run's batches, by as many processes and (elastic, with split_batches so that the loader's
+    batch stays the same) by 1 process from 2 processes' checkpoint."""
+    d2, d1, ds = tmp_path / "run2", tmp_path / "run1", tmp_path / "split2"
+    two = run_job(
+        HERE,
+        tmp_path,
+        "p2",
+        2,
+        source=rows,
+        refused_dir=str(tmp_path / "no"),
+        runs=[
+            _run("full", d2, steps=STEPS[2]),
+            _run("resumed", tmp_path / "run2r", resume=d2, steps=STEPS[2]),
+            # split_batches: the loader's batch (16) is the global batch, cut between processes.
+            _run("split", ds, batch=2 * PER_DEVICE, split=True, steps=STEPS[2]),
+        ],
+    )
+    one = run_job(
+        HERE,
+        tmp_path,
+        "p1",
+        1,
+        source=rows,
+        runs=[
+            _run("full", d1, steps=STEPS[1]),
+            _run("resumed", tmp_path / "run1r", resume=d1, steps=STEPS[1]),
+            _run(
+                "elastic",
+                tmp_path / "split1r",
+                resume=ds,
+                batch=2 * PER_DEVICE,
+                split=True,
+                steps=STEPS[2],
+            ),
+        ],
+    )
+    for r in two:
+        assert "dataloader_num_workers" in r["refused"]
+    for nw in NWS:
+        for results, world in ((one, 1), (two, 2)):
+            epochs = reference_epochs(rows, world, nw)
+            # Every row once an epoch; the run goes on into the second.
+            assert sorted(i for step in epochs[0] for i in step) == list(range(N_ROWS))
+            expected = (epochs[0] + epochs[1])[: STEPS[world]]
+            assert len(epochs[0]) < STEPS[world] == len(expected)
+            where = f"{world} process(es), {nw} workers"
+            assert global_steps(results, f"full/{nw}") == expected, where
+            assert global_steps(results, f"resumed/{nw}") == expected[SAVE_AT:], where
+        # Elastic: checkpoint of 2 processes, resumed by 1, the loader's batch kept (split).
+        epochs = reference_epochs(rows, 1, nw, batch=2 * PER_DEVICE)
+        expected = (epochs[0] + epochs[1])[: STEPS[2]]
+        assert global_steps(two, f"split/{nw}") == expected, f"split_batches, {nw} workers"
+        assert global_steps(one, f"elastic/{nw}") == expected[SAVE_AT:], f"elastic, {nw} workers"
+
+
+if __name__ == "__main__":
+    job_main(job)

@@ -1,0 +1,374 @@
+"""Reliability 2 and 3: byte-level fuzzing of Parquet files, and hostile states.
+
+* ``test_byte_fuzz`` runs tests/reliability/scripts/fuzz_files.py in a subprocess (address
+  space capped, per-case watchdog, crash and hang detection; see that file) and checks its
+  report. Length: ``SHARDSTREAM_FUZZ_EXAMPLES`` cases (default 1500) or
+  ``SHARDSTREAM_FUZZ_SECONDS`` (default 45) whichever comes first; seed
+  ``SHARDSTREAM_FUZZ_SEED`` (default fixed, so CI is reproducible; ``random`` for a fresh one).
+* ``test_hostile_states`` mutates real ``state_dict()`` output with hypothesis (ints, types,
+  keys, base64 buffers, fields swapped between real states or taken from another dataset's
+  state, wrong versions, nested garbage) and loads it: the load either raises ``StateError``
+  (a ``ShardstreamError``) with a message, or the stream it gives is one a valid state could
+  give (the state round-trips; no row repeats within an epoch; every later epoch is complete).
+  ``SHARDSTREAM_STATE_FUZZ_EXAMPLES`` (default 250 per setting).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from typing import Any
+
+import pytest
+from harness import TESTS_DIR, flat_ids, keys_of, make_ds, take, walk
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from shardstream import ShardstreamError, StateError
+
+SCRIPT = os.path.join(TESTS_DIR, "reliability", "scripts", "fuzz_files.py")
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+# ------------------------------------------------------------------------------ file bytes
+
+
+@pytest.mark.timeout(900)
+def test_byte_fuzz(tmp_path):
+    examples = _env_int("SHARDSTREAM_FUZZ_EXAMPLES", 1500)
+    seconds = float(os.environ.get("SHARDSTREAM_FUZZ_SECONDS", 45))
+    seed = os.environ.get("SHARDSTREAM_FUZZ_SEED", "20260601")
+    report = tmp_path / "report.json"
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--work",
+        str(tmp_path / "work"),
+        "--examples",
+        str(examples),
+        "--max-seconds",
+        str(seconds),
+        "--case-timeout",
+        "60",
+        "--mem-gib",
+        "4",
+        "--report",
+        str(report),
+    ]
+    if seed != "random":
+        cmd += ["--seed", seed]
+    env = dict(os.environ, RUST_BACKTRACE="0")
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=seconds + 600, env=env, check=False
+    )
+    current = tmp_path / "work" / "current.json"
+    if proc.returncode != 0:
+        case = current.read_text() if current.exists() else "(none)"
+        how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else "failed"
+        # Drop the Rust panic-hook lines (caught panics print them; they are counted).
+        err = "\n".join(
+            ln
+            for ln in proc.stderr.splitlines()
+            if not ln.startswith(("thread '", "note: run with"))
+        )
+        pytest.fail(
+            f"fuzzer {how} (exit {proc.returncode}); last case (replay with "
+            f"`{sys.executable} {SCRIPT} --work DIR --report R --replay current.json`):\n"
+            f"{case}\n--- stderr (tail) ---\n{err[-6000:]}"
+        )
+    r = json.loads(report.read_text())
+    counts = r["counts"]
+    print(f"\nbyte fuzz: {json.dumps(counts, sort_keys=True)}")
+    # Enough cases for the run to mean something, within the time box.
+    assert counts["examples"] >= min(examples, 300), counts
+    # Every outcome kind that shows the fuzzer reaches the decoder was seen.
+    assert counts.get("resume:rows", 0) > 0 and counts.get("error:ShardError", 0) > 0, counts
+    assert counts.get("equal to pyarrow", 0) > 0, counts
+    # Memory stayed flat: no growth across cases (RSS of the last sample vs the first).
+    samples = r["process"]
+    if len(samples) >= 2:
+        grow = samples[-1]["VmRSS"] - samples[0]["VmRSS"]
+        assert grow < 300 * 1024, f"RSS grew by {grow} KiB over the fuzz run: {samples}"
+        assert samples[-1]["Threads"] <= samples[0]["Threads"] + 2, samples
+
+
+# --------------------------------------------------------------------------- hostile states
+
+STATE_SETTINGS = {
+    "shuffled-batches": dict(output="python", shuffle_buffer=7, seed=3, batch_size=5, epochs=2),
+    "shuffled-rows": dict(output="python", shuffle_buffer=40, seed=9, epochs=2),
+    "sequential-rows": dict(output="python", epochs=2),
+}
+
+
+class _Ctx:
+    """Real states of one setting: along one uninterrupted run, from another dataset, from
+    another layout (rank 1 of 2)."""
+
+    def __init__(self, small, tiny, settings: dict):
+        self.root = small.root
+        self.settings = dict(settings, columns=["id"])
+        self.batched = settings.get("batch_size") is not None
+        self.ids = Counter(small.ids)
+        self.n = len(small.ids)
+        ds = make_ds(self.root, self.settings)
+        self.states: list[Any] = [copy.deepcopy(ds.state_dict())]
+        full = []
+        for item in ds:
+            full.append(item)
+            self.states.append(copy.deepcopy(ds.state_dict()))
+        self.full = keys_of(full, self.batched)
+        self.full_ids = flat_ids(self.full)
+        other = make_ds(tiny.root, self.settings)
+        take(iter(other), 3)
+        self.other_dataset = copy.deepcopy(other.state_dict())
+        r1 = make_ds(self.root, dict(self.settings, rank=1, world_size=2, even=None))
+        take(iter(r1), 2)
+        self.other_layout = copy.deepcopy(r1.state_dict())
+
+
+@pytest.fixture(scope="module")
+def state_ctx(small, tiny):
+    return {name: _Ctx(small, tiny, s) for name, s in STATE_SETTINGS.items()}
+
+
+def _leaves(state: Any) -> list[tuple]:
+    return [p for p, _ in walk(state) if p]
+
+
+def _set(obj: Any, path: tuple, value: Any) -> None:
+    for p in path[:-1]:
+        obj = obj[p]
+    if isinstance(obj, tuple):
+        return  # inside a tuple an earlier "type" mutation put there: immutable, left as is
+    obj[path[-1]] = value
+
+
+def _get(obj: Any, path: tuple) -> Any:
+    for p in path:
+        obj = obj[p]
+    return obj
+
+
+def _b64_variants(v: str, rnd: random.Random, n_rows: int) -> list[str]:
+    """Truncations, a flipped character, and re-encoded buffers with ids changed."""
+    out = [v[:-1], v[: len(v) // 2], v + "A", v.replace("A", "B", 1), "!" + v[1:]]
+    try:
+        raw = base64.b64decode(v, validate=True)
+    except Exception:  # noqa: BLE001 - not base64: the string variants are enough
+        return out
+    ids = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
+    muts = []
+    if ids:
+        j = rnd.randrange(len(ids))
+        muts.append(ids[:j] + [ids[j] ^ 1] + ids[j + 1 :])  # another (maybe valid) row
+        muts.append(ids + [ids[0]])  # a duplicate
+        muts.append(ids[::-1])  # same rows, other order
+        muts.append(ids[:-1])  # one row short
+        muts.append(ids[:j] + [rnd.randrange(n_rows)] + ids[j + 1 :])  # a random real row
+    muts.append(ids + [n_rows + 5])  # a row outside the dataset
+    muts.append(ids + [2**64 - 1])
+    for m in muts:
+        out.append(base64.b64encode(b"".join(i.to_bytes(8, "little") for i in m)).decode())
+    out.append(base64.b64encode(raw + b"\x01").decode())  # not a multiple of 8 bytes
+    return out
+
+
+def _int_variants(v: int, rnd: random.Random) -> list[Any]:
+    return [v + 1, v - 1, 0, -1, v * 2 + 1, 2**63, 2**64, -(2**64), rnd.randrange(10**6), 10**30]
+
+
+def _garbage(rnd: random.Random, depth: int = 0) -> Any:
+    kinds = ["int", "str", "none", "float", "bool", "bytes", "list", "dict", "nan", "tuple"]
+    k = rnd.choice(kinds if depth < 3 else kinds[:6])
+    if k == "int":
+        return rnd.choice([0, -1, 1, 2**64, 7])
+    if k == "str":
+        return rnd.choice(["", "x", "shardstream.ParquetStream", "AAAA", "\x00"])
+    if k == "none":
+        return None
+    if k == "float":
+        return rnd.choice([0.5, -1.0, 1e300])
+    if k == "bool":
+        return rnd.random() < 0.5
+    if k == "bytes":
+        return b"\x00\xff"
+    if k == "nan":
+        return float("nan")
+    if k == "tuple":
+        return tuple(_garbage(rnd, depth + 1) for _ in range(2))
+    if k == "list":
+        return [_garbage(rnd, depth + 1) for _ in range(rnd.randrange(3))]
+    return {rnd.choice(["format", "position", "slot", "x"]): _garbage(rnd, depth + 1)}
+
+
+MUTATIONS = [
+    "int",
+    "type",
+    "delete",
+    "add-key",
+    "b64",
+    "swap-position",
+    "swap-subtree",
+    "other-dataset-subtree",
+    "other-dataset",
+    "other-layout",
+    "version",
+    "garbage",
+    "wrap",
+]
+
+
+def mutate_state(ctx: _Ctx, base_i: int, muts: list[tuple[str, int]]) -> tuple[Any, list[str]]:
+    state = copy.deepcopy(ctx.states[base_i])
+    log = []
+    for kind, r in muts:
+        rnd = random.Random(r)
+        if not isinstance(state, dict):
+            state = {"format": "shardstream.ParquetStream", "nested": state}
+        leaves = _leaves(state)
+        path = leaves[rnd.randrange(len(leaves))] if leaves else ("format",)
+        try:
+            old = _get(state, path)
+        except Exception:  # noqa: BLE001 - an earlier mutation changed the shape
+            old = None
+        if kind == "int":
+            ints = [p for p in leaves if isinstance(_get(state, p), int)]
+            if ints:
+                path = ints[rnd.randrange(len(ints))]
+                old = _get(state, path)
+                _set(state, path, rnd.choice(_int_variants(old, rnd)))
+        elif kind == "type":
+            _set(state, path, _garbage(rnd))
+        elif kind == "delete" and len(path) >= 1:
+            parent = _get(state, path[:-1])
+            if isinstance(parent, dict):
+                del parent[path[-1]]
+            elif isinstance(parent, list) and parent:
+                parent.pop(path[-1] if isinstance(path[-1], int) else 0)
+        elif kind == "add-key":
+            dicts = [p for p in [()] + leaves if isinstance(_get(state, p), dict)]
+            p = dicts[rnd.randrange(len(dicts))]
+            _get(state, p)[rnd.choice(["extra", "epoch", "buffer", "format"])] = _garbage(rnd)
+        elif kind == "b64":
+            strs = [
+                p for p in leaves if isinstance(_get(state, p), str) and len(_get(state, p)) >= 4
+            ]
+            if strs:
+                path = strs[rnd.randrange(len(strs))]
+                _set(state, path, rnd.choice(_b64_variants(_get(state, path), rnd, ctx.n)))
+        elif kind in ("swap-position", "swap-subtree"):
+            other = ctx.states[rnd.randrange(len(ctx.states))]
+            if kind == "swap-position":
+                path = ("position",)
+            try:
+                _set(state, path, copy.deepcopy(_get(other, path)))
+            except Exception:  # noqa: BLE001 - the other state lacks it
+                pass
+        elif kind == "other-dataset-subtree":
+            try:
+                _set(state, path, copy.deepcopy(_get(ctx.other_dataset, path)))
+            except Exception:  # noqa: BLE001
+                pass
+        elif kind == "other-dataset":
+            state = copy.deepcopy(ctx.other_dataset)
+        elif kind == "other-layout":
+            state = copy.deepcopy(ctx.other_layout)
+        elif kind == "version":
+            state["version"] = rnd.choice([0, 2**40, "1", 1.0, None, -1, True])
+        elif kind == "garbage":
+            state = _garbage(rnd)
+        elif kind == "wrap":
+            state = rnd.choice([[state], {"dl": {"w": [state]}}, (state,), [state, state]])
+        log.append(f"{kind}@{path}")
+    return state, log
+
+
+def check_loaded_stream(ctx: _Ctx, ds, state: Any, log: list[str]) -> str:
+    """The stream after a successful load must be one a valid state could give."""
+    ctx_msg = f"mutations {log}"
+    try:
+        # state_dict() before iterating resolves this iterator's slot as iteration does: a
+        # single state of another layout (slot 1 of 2, say) loads, because DataLoader workers
+        # may yet give that layout, and is refused here when the layout turns out different.
+        roundtrip = copy.deepcopy(ds.state_dict())
+        rest = keys_of(ds, ctx.batched)
+    except StateError:
+        # The contract validates fully on load; a refusal while iterating is still a refusal
+        # (a StateError with a message), but it is worth knowing about.
+        return "accepted, refused while iterating"
+    ids = flat_ids(rest)
+    # later epochs are complete, the partial first one has no repeats, every id is a real row
+    q = len(ids) // ctx.n
+    partial, later = ids[: len(ids) - q * ctx.n], ids[len(ids) - q * ctx.n :]
+    if q > (ctx.settings.get("epochs") or 1):
+        pytest.fail(f"{ctx_msg}: {len(ids)} rows after the load, more than the pass holds")
+    assert not (Counter(partial) - ctx.ids), f"{ctx_msg}: unknown rows {Counter(partial) - ctx.ids}"
+    dup = [i for i, c in Counter(partial).items() if c > 1]
+    assert not dup, f"{ctx_msg}: rows repeated within the resumed epoch: {dup[:10]}"
+    for e in range(q):
+        chunk = Counter(later[e * ctx.n : (e + 1) * ctx.n])
+        assert chunk == ctx.ids, f"{ctx_msg}: a later epoch is not every row exactly once"
+    # the state round-trips: loading what state_dict() says gives the same stream again
+    ds2 = make_ds(ctx.root, ctx.settings)
+    ds2.load_state_dict(roundtrip)
+    again = keys_of(ds2, ctx.batched)
+    assert again == rest, f"{ctx_msg}: state_dict() after the load does not resume the same"
+    n = len(ctx.full)
+    if len(rest) <= n and ctx.full[n - len(rest) :] == rest:
+        return "accepted, equal to a clean resume"
+    return "accepted, another valid stream"
+
+
+OUTCOMES: Counter[str] = Counter()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("setting", list(STATE_SETTINGS))
+def test_hostile_states(state_ctx, setting):
+    ctx = state_ctx[setting]
+    OUTCOMES.clear()
+
+    @settings(
+        max_examples=_env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250),
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        base_i=st.integers(0, len(ctx.states) - 1),
+        muts=st.lists(
+            st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 2**32)), min_size=1, max_size=3
+        ),
+    )
+    def fuzz(base_i, muts):
+        state, log = mutate_state(ctx, base_i, muts)
+        ds = make_ds(ctx.root, ctx.settings)
+        try:
+            ds.load_state_dict(state)
+        except BaseException as e:  # noqa: BLE001 - PanicException must be seen
+            assert isinstance(e, Exception) and type(e).__name__ != "PanicException", (
+                f"mutations {log}: non-Exception {type(e).__mro__}: {e!r}"
+            )
+            assert isinstance(e, ShardstreamError), (
+                f"mutations {log}: {type(e).__name__} (not a StateError): {e}"
+            )
+            assert isinstance(e, StateError), f"mutations {log}: {type(e).__name__}: {e}"
+            assert str(e).strip(), f"mutations {log}: StateError without a message"
+            OUTCOMES["refused with StateError"] += 1
+            # the failed load left the dataset usable
+            assert keys_of(ds, ctx.batched) == ctx.full
+            return
+        OUTCOMES[check_loaded_stream(ctx, ds, state, log)] += 1
+
+    fuzz()
+    print(f"\nhostile states ({setting}): {dict(OUTCOMES)}")
+    assert OUTCOMES["refused with StateError"] > 0
