@@ -123,6 +123,10 @@ bench: build $(BENCH_STAMP) ## Run the benchmarks on a quiet machine, print thei
 bench-quick: build ## Every benchmark section at small sizes, one run each: a smoke run, not figures (BENCH_ARGS too)
 	$(PY) benches/bench.py --quick $(BENCH_ARGS)
 
+.PHONY: bench-mapstyle
+bench-mapstyle: build $(BENCH_STAMP) ## Map-style benchmark: ParquetRows random access vs HF datasets / pyarrow take, shuffle quality, the sampler at 10^9 rows, resume (MAPSTYLE_ARGS='--quick')
+	$(PY) benches/mapstyle.py $(MAPSTYLE_ARGS)
+
 .PHONY: bench-s3
 bench-s3: build $(BENCH_STAMP) ## Object-store benchmark over a local moto S3 server (BENCH_S3_ARGS='--quick')
 	$(PY) benches/bench_s3.py $(BENCH_S3_ARGS)

@@ -15,6 +15,16 @@ columns [id, tokens], batches of 1024 rows:
            batch at 1%/50%/90%; bytes and requests to the first batch (ds.stats()) against a
            full read; baseline: pyarrow S3FileSystem reaching the same row with a row-group
            seek (footer row counts) and dropping the rest of that row group's batches
+  open     opening N small objects (--open-shards, default 100,1000,10000; 1 row group of 100
+           rows each): ParquetStream's constructor without and with the remote sidecar
+           (`shardstream index s3://...`), requests and bytes; baselines: pyarrow.dataset over
+           S3FileSystem, listing only (dataset()) and with every footer read (count_rows(),
+           what the constructor learns); wall and CPU time of the opening process
+  spawn    a DataLoader with 4 spawn-started workers over the 1,000-object set: time from
+           iter() to the first batch and to the end of the epoch, the workers getting the
+           catalog pickled (now) vs re-opening it (the behaviour before, emulated by a subclass
+           that drops the catalog when pickled), and the requests the store saw (a counting
+           proxy in front of moto, in both runs)
 
 moto is a Python (werkzeug) server: on a 2-core machine it shares the CPU with the reader
 and is likely the bottleneck of every over-s3 number here; the "boto3 GET" row shows its
@@ -41,8 +51,10 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import benchlib  # noqa: E402
 from bench import BATCH, COLUMNS, ensure_data, save_states, shard_files, warm_cache  # noqa: E402
 from benchlib import print_table  # noqa: E402
+from shardstream import ParquetStream  # noqa: E402
 
-ALL = ("iter", "resume")
+ALL = ("iter", "resume", "open", "spawn")
+OPEN_ROWS = 100  # rows per object of the open benchmark (one row group each)
 BUCKET, PREFIX = "bench", "data"
 FRACS = [0.01, 0.5, 0.9]
 
@@ -174,6 +186,88 @@ def _pa_seek(spec: dict) -> dict:
     return pa_skip_to(files, spec["rows_before"], True, COLUMNS, BATCH)
 
 
+def _open_opts(spec: dict) -> dict[str, str]:
+    return _opts(spec.get("proxy") or spec["endpoint"])
+
+
+def _ss_open(spec: dict) -> dict:
+    """ParquetStream's constructor over N objects, then its first batch."""
+    from shardstream import ParquetStream
+
+    opts = _opts(spec["endpoint"])
+    t, c = time.perf_counter(), time.process_time()
+    ds = ParquetStream(spec["source"], batch_size=BATCH, output="arrow", storage_options=opts)
+    out = {"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c}
+    out["open"] = ds.stats()
+    out["shards"] = len(ds.shards)
+    t = time.perf_counter()
+    first = next(iter(ds))
+    out["first_batch_s"] = time.perf_counter() - t
+    out["first_id"] = int(first.column(0)[0].as_py())
+    return out
+
+
+def _pa_open(spec: dict) -> dict:
+    """pyarrow.dataset over S3FileSystem: dataset() (lists) and count_rows() (reads every
+    footer), the same objects."""
+    import pyarrow.dataset as pads
+
+    fs = _pa_fs(spec["endpoint"])
+    t, c = time.perf_counter(), time.process_time()
+    d = pads.dataset(spec["prefix"], filesystem=fs, format="parquet")
+    listed = time.perf_counter() - t
+    rows = d.count_rows()
+    return {
+        "seconds": time.perf_counter() - t,
+        "cpu_seconds": time.process_time() - c,
+        "list_seconds": listed,
+        "rows": rows,
+        "files": len(d.files),
+    }
+
+
+def _index(spec: dict) -> dict:
+    from shardstream.index import write_index
+
+    t = time.perf_counter()
+    path = write_index(spec["source"], _opts(spec["endpoint"]))
+    return {"seconds": time.perf_counter() - t, "index": path}
+
+
+class Reopening(ParquetStream):
+    """ParquetStream as it pickled before: without its catalog, re-opened in the worker (the
+    spawn benchmark's baseline; module level, so that spawned workers can unpickle it)."""
+
+    def __getstate__(self) -> dict:
+        d = super().__getstate__()
+        d["_catalog"] = None
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        from shardstream._core import RawCatalog
+
+        super().__setstate__(d)
+        self._catalog = RawCatalog(self._sources, self._columns, self._storage_options)
+
+
+def _spawn(spec: dict) -> dict:
+    """A DataLoader with spawn-started workers: iter() -> first batch -> end of the epoch."""
+    from torch.utils.data import DataLoader
+
+    cls = Reopening if spec["reopen"] else ParquetStream
+    ds = cls(spec["source"], batch_size=BATCH, output="torch", storage_options=_open_opts(spec))
+    loader = DataLoader(
+        ds, batch_size=None, num_workers=spec["workers"], multiprocessing_context="spawn"
+    )
+    t = time.perf_counter()
+    it = iter(loader)
+    rows = len(next(it)["id"])
+    first = time.perf_counter() - t
+    for b in it:
+        rows += len(b["id"])
+    return {"first_batch_s": first, "seconds": time.perf_counter() - t, "rows": rows}
+
+
 def child_main(spec: dict) -> dict:
     import pyarrow.parquet  # noqa: F401
     import shardstream  # noqa: F401
@@ -185,6 +279,10 @@ def child_main(spec: dict) -> dict:
         "ss_states": _ss_states,
         "ss_resume": _ss_resume,
         "pa_seek": _pa_seek,
+        "ss_open": _ss_open,
+        "pa_open": _pa_open,
+        "index": _index,
+        "spawn": _spawn,
     }
     if spec["kind"] not in kinds:
         raise SystemExit(f"unknown child kind {spec['kind']!r}")
@@ -218,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--data-root", default=os.path.join(ROOT, "bench-data"), help="cache dir for shards"
     )
+    ap.add_argument(
+        "--open-shards",
+        default="100,1000,10000",
+        help="object counts of the open benchmark (%(default)s)",
+    )
+    ap.add_argument("--open-runs", type=int, default=3, help="runs per open condition")
     ap.add_argument("--json", default=None, help="also write raw results to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -229,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.quick:
         args.rows, args.shards, args.repeat = 200_000, 2, 1
+        args.open_shards, args.open_runs = "100,1000", 1
+    open_counts = sorted({int(x) for x in args.open_shards.split(",") if x.strip()})
     which = [w.strip() for w in args.only.split(",") if w.strip()]
     bad = sorted(set(which) - set(ALL))
     if bad:
@@ -386,6 +492,46 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
 
+        if "open" in which or "spawn" in which:
+            counts = set(open_counts) if "open" in which else set()
+            if "spawn" in which:
+                counts.add(SPAWN_SHARDS)
+            res_open: dict[str, Any] = {}
+            for n in sorted(counts):
+                local = ensure_open_data(args.data_root, n)
+                bucket = f"open-{n}"
+                status(f"uploading {n:,} objects of {OPEN_ROWS} rows")
+                upload_many(client, local, bucket)
+                url = f"s3://{bucket}/{PREFIX}/"
+                spec = {**base, "source": url, "prefix": f"{bucket}/{PREFIX}"}
+                index_key = f"{PREFIX}/_shardstream_index.json"
+                if "spawn" in which and n == SPAWN_SHARDS:
+                    res_open["spawn"] = run_spawn(srv.endpoint, spec, args.open_runs, status)
+                    table += spawn_rows(res_open["spawn"], n)
+                if "open" not in which or n not in open_counts:
+                    continue
+                status(f"shardstream index {url}")
+                run_child({**spec, "kind": "index"})
+                sidecar = client.get_object(Bucket=bucket, Key=index_key)["Body"].read()
+                runs: dict[str, list] = {"plain": [], "side": [], "pa": []}
+                for r in range(args.open_runs):
+                    client.delete_object(Bucket=bucket, Key=index_key)
+                    status(f"open {n:,} objects, run {r + 1}: shardstream, pyarrow")
+                    runs["plain"].append(run_child({**spec, "kind": "ss_open"}))
+                    runs["pa"].append(run_child({**spec, "kind": "pa_open"}))
+                    client.put_object(Bucket=bucket, Key=index_key, Body=sidecar)
+                    status(f"open {n:,} objects, run {r + 1}: shardstream with the sidecar")
+                    runs["side"].append(run_child({**spec, "kind": "ss_open"}))
+                for r in runs["plain"] + runs["side"]:
+                    if r["shards"] != n or r["first_id"] != 0:
+                        raise SystemExit(f"open of {n} objects read {r['shards']} shards: {r}")
+                for r in runs["pa"]:
+                    if r["files"] != n or r["rows"] != n * OPEN_ROWS:
+                        raise SystemExit(f"pyarrow found {r['files']} files, {r['rows']} rows")
+                res_open[str(n)] = {**runs, "sidecar_bytes": len(sidecar)}
+                table += open_rows(runs, n, len(sidecar))
+            results["open"] = res_open
+
     import shardstream
 
     print()
@@ -407,6 +553,117 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(total bench time {time.perf_counter() - t_all:.0f}s)")
     benchlib.write_json(results, args.json)
     return 0
+
+
+SPAWN_SHARDS = 1000  # objects of the spawn benchmark
+SPAWN_WORKERS = 4
+
+
+def ensure_open_data(data_root: str, n: int) -> str:
+    """``n`` objects of OPEN_ROWS rows, one row group each (cached)."""
+    from shardstream import datagen
+
+    d = os.path.join(data_root, f"open-{n}x{OPEN_ROWS}")
+    done = os.path.join(d, ".complete")
+    if not os.path.exists(done):
+        datagen.write_shards(
+            d, num_shards=n, rows_per_shard=OPEN_ROWS, row_group_size=OPEN_ROWS, seed=1
+        )
+        open(done, "w").close()
+    return d
+
+
+def upload_many(client: Any, local: str, bucket: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from objstore_server import create_bucket
+
+    create_bucket(client, bucket)
+    names = sorted(f for f in os.listdir(local) if f.endswith(".parquet"))
+
+    def put(name: str) -> None:
+        with open(os.path.join(local, name), "rb") as f:
+            client.put_object(Bucket=bucket, Key=f"{PREFIX}/{name}", Body=f.read())
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, names))
+
+
+def run_spawn(endpoint: str, spec: dict, runs: int, status: Any) -> dict:
+    """Spawn start-up through a counting proxy: catalog pickled vs re-opened, interleaved."""
+    from objstore_server import FaultProxy
+
+    out: dict[str, list] = {"pickled": [], "reopen": []}
+    with FaultProxy(endpoint) as proxy:
+        for r in range(runs):
+            for cond in ("reopen", "pickled"):
+                status(f"spawn {SPAWN_WORKERS} workers ({cond}), run {r + 1}")
+                proxy.reset_stats()
+                res = run_child(
+                    {
+                        **spec,
+                        "kind": "spawn",
+                        "reopen": cond == "reopen",
+                        "workers": SPAWN_WORKERS,
+                        "proxy": proxy.endpoint,
+                    }
+                )
+                res["requests"] = proxy.stats()["requests"]
+                out[cond].append(res)
+    return out
+
+
+def _med(runs: list, key: str) -> float:
+    import statistics
+
+    return statistics.median(r[key] for r in runs)
+
+
+def _ms_spread(runs: list, key: str = "seconds") -> str:
+    return benchlib.with_spread([r[key] * 1e3 for r in runs], lambda v: f"{v:,.0f}")
+
+
+def open_rows(runs: dict, n: int, sidecar_bytes: int) -> list[tuple[str, str, str, str]]:
+    plain, side, pa = runs["plain"], runs["side"], runs["pa"]
+    load = benchlib.load_range(plain + side + pa)
+    op, os_ = plain[0]["open"], side[0]["open"]
+    return [
+        (
+            f"(g) open {n:,} objects (load {load})",
+            f"{_ms_spread(plain)} ms, CPU {_med(plain, 'cpu_seconds'):.2f} s; "
+            f"{op.get('http_requests', op['requests']):,} requests, {mib(op['bytes'])}",
+            f"pyarrow.dataset: {_ms_spread(pa, 'list_seconds')} ms listing only; "
+            f"{_ms_spread(pa)} ms with count_rows() (every footer), CPU "
+            f"{_med(pa, 'cpu_seconds'):.2f} s",
+            f"pyarrow count_rows / shardstream {_med(pa, 'seconds') / _med(plain, 'seconds'):.2f}x",
+        ),
+        (
+            f"(g) same with the sidecar ({mib(sidecar_bytes)}, {sidecar_bytes / n:.0f} B/shard)",
+            f"{_ms_spread(side)} ms, CPU {_med(side, 'cpu_seconds'):.2f} s; "
+            f"{os_.get('http_requests', os_['requests']):,} requests, {mib(os_['bytes'])}; "
+            f"first batch {_ms_spread(side, 'first_batch_s')} ms after",
+            f"without: {_med(plain, 'seconds') * 1e3:,.0f} ms",
+            f"{_med(plain, 'seconds') / _med(side, 'seconds'):.1f}x faster; pyarrow listing "
+            f"only / this {_med(pa, 'list_seconds') / _med(side, 'seconds'):.2f}x",
+        ),
+    ]
+
+
+def spawn_rows(res: dict, n: int) -> list[tuple[str, str, str, str]]:
+    pk, ro = res["pickled"], res["reopen"]
+    load = benchlib.load_range(pk + ro)
+    return [
+        (
+            f"(h) DataLoader, {SPAWN_WORKERS} spawn workers, {n:,} objects (load {load}): "
+            "iter() -> first batch",
+            f"{_ms_spread(pk, 'first_batch_s')} ms (catalog pickled); epoch "
+            f"{_ms_spread(pk)} ms; {_med(pk, 'requests'):.0f} requests",
+            f"{_ms_spread(ro, 'first_batch_s')} ms (each worker re-opens); epoch "
+            f"{_ms_spread(ro)} ms; {_med(ro, 'requests'):.0f} requests",
+            f"{_med(ro, 'first_batch_s') / _med(pk, 'first_batch_s'):.2f}x faster start, "
+            f"{_med(ro, 'requests') / _med(pk, 'requests'):.1f}x fewer requests",
+        )
+    ]
 
 
 def _moto_version() -> str:

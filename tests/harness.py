@@ -121,10 +121,27 @@ def take(it: Iterator, k: int) -> list:
 # ------------------------------------------------------------------- layouts
 
 
+def ipc_batches(path: str) -> list[pa.RecordBatch] | None:
+    """The record batches of an Arrow IPC file or stream (by magic bytes); None for Parquet."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if head == b"ARROW1":
+        with pa.ipc.open_file(path) as r:
+            return [r.get_batch(i) for i in range(r.num_record_batches)]
+    if head[:4] == b"\xff\xff\xff\xff":
+        with pa.ipc.open_stream(path) as r:
+            return list(r)
+    return None
+
+
 def row_group_layout(paths: Iterable[str]) -> list[list[int]]:
-    """Row-group sizes per shard (shards in the given order)."""
+    """Row-group (IPC: record batch) sizes per shard (shards in the given order)."""
     out = []
     for p in paths:
+        batches = ipc_batches(p)
+        if batches is not None:
+            out.append([b.num_rows for b in batches])
+            continue
         md = pq.ParquetFile(p).metadata
         out.append([md.row_group(i).num_rows for i in range(md.num_row_groups)])
     return out
@@ -133,6 +150,10 @@ def row_group_layout(paths: Iterable[str]) -> list[list[int]]:
 def all_ids(paths: Iterable[str]) -> list[int]:
     ids: list[int] = []
     for p in paths:
+        batches = ipc_batches(p)
+        if batches is not None:
+            ids.extend(i for b in batches for i in b.column("id").to_pylist())
+            continue
         ids.extend(pq.read_table(p, columns=["id"]).column("id").to_pylist())
     return ids
 

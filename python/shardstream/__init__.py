@@ -1,6 +1,9 @@
 """shardstream: exact, millisecond resume for PyTorch training streams over Parquet shards.
 
-The public API is :class:`ParquetStream`, the exception hierarchy, the crash-safe checkpoint
+The public API is :class:`ParquetStream` (an iterable dataset), :class:`Mixture` (weighted
+mixtures of named streams), :class:`ParquetRows` (the map-style dataset over the same shards)
+with :class:`ResumableSampler` (its global shuffle) and :func:`collate`, the exception
+hierarchy, the crash-safe checkpoint
 helpers (:mod:`shardstream.checkpoint`) and the metadata sidecar (:mod:`shardstream.index`); the
 Rust extension ``shardstream._core`` is an implementation detail.
 """
@@ -12,9 +15,17 @@ from ._core import __version__
 from .checkpoint import load_latest_checkpoint, save_checkpoint
 from .dataset import ParquetStream
 from .errors import SchemaError, ShardError, ShardsChangedError, ShardstreamError, StateError
+from .mapstyle import ParquetRows, collate
+from .mixture import Mixture
+from .pack import Pack
+from .sampler import ResumableSampler
 
 __all__ = [
+    "Mixture",
+    "Pack",
+    "ParquetRows",
     "ParquetStream",
+    "ResumableSampler",
     "SchemaError",
     "ShardError",
     "ShardsChangedError",
@@ -22,6 +33,7 @@ __all__ = [
     "StateError",
     "__version__",
     "checkpoint",
+    "collate",
     "index",
     "load_latest_checkpoint",
     "save_checkpoint",

@@ -63,8 +63,9 @@ class StreamIterator:
         if self._owner._iter is not self:
             self.ended = True  # like a generator that raised: finished from now on
             raise RuntimeError(
-                "this iterator is stale: iter() was called again on the same ParquetStream, and "
-                "only the newest iterator owns the dataset's position"
+                f"this iterator is stale: iter() was called again on the same "
+                f"{type(self._owner).__name__}, and only the newest iterator owns the dataset's "
+                "position"
             )
         if self._batched:
             rb = self._raw.next_item()

@@ -24,8 +24,13 @@ _MODULE = "torch.utils.data.dataset"  # defines IterableDataset; torch imports i
 def register_as_iterable_dataset(cls: type) -> None:
     """Make ``isinstance(x, torch.utils.data.IterableDataset)`` true for instances of ``cls``,
     now or as soon as torch defines the class, without importing torch."""
-    if not register_if_loaded(cls):
-        sys.meta_path.insert(0, _Watcher(cls))
+    if register_if_loaded(cls):
+        return
+    for finder in sys.meta_path:  # one watcher for every class (the first one found imports)
+        if isinstance(finder, _Watcher):
+            finder.classes.append(cls)
+            return
+    sys.meta_path.insert(0, _Watcher(cls))
 
 
 def register_if_loaded(cls: type) -> bool:
@@ -43,7 +48,7 @@ class _Watcher(importlib.abc.MetaPathFinder):
     wraps that module's loader so the class is registered right after the module runs."""
 
     def __init__(self, cls: type) -> None:
-        self._cls = cls
+        self.classes = [cls]
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != _MODULE:
@@ -60,14 +65,14 @@ class _Watcher(importlib.abc.MetaPathFinder):
         if not isinstance(loader, _FILE_LOADERS):
             return None  # an unusual loader: leave the import alone (checked again in __init__)
         run = loader.exec_module
-        cls = self._cls
         watcher = self
 
         def exec_module(module: Any) -> None:
             run(module)
             if watcher in sys.meta_path:
                 sys.meta_path.remove(watcher)
-            register_if_loaded(cls)
+            for cls in watcher.classes:
+                register_if_loaded(cls)
 
         # The finder made this loader instance for this one module: patch only it.
         loader.exec_module = exec_module  # type: ignore[method-assign]

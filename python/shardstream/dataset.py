@@ -14,28 +14,29 @@ Design decisions (the why; the what is in docs/ARCHITECTURE.md):
   the dataset object is built in the main process and copied into workers.
 * No threads or runtimes are created before iteration, so forking DataLoader workers is safe;
   the Rust objects hold only memory and re-open files per read. For spawn-started workers the
-  dataset pickles without its Rust objects (the position travels as plain states) and re-opens
-  the catalog, checking the fingerprint.
+  catalog pickles as its snapshot (the sidecar's JSON form: a worker lists nothing and reads a
+  footer only when it first reads that shard, checking it against the recorded digest) and the
+  position as plain states.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from . import _core, _torch
+from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
 from ._iterator import StreamIterator
 from .convert import OUTPUTS, Converter
 from .errors import StateError
 from .integrations import accelerate as _accelerate
+from .pack import Pack, PackConverter
 
 # Never imported here: numpy/python/arrow output runs without torch, and the class is registered
 # as a torch IterableDataset once torch is there (_torch.py).
@@ -76,35 +77,21 @@ def _storage_options(options: Mapping[str, str] | None) -> dict[str, str] | None
     return out
 
 
-def _dist_rank_world() -> tuple[int, int]:
-    torch = sys.modules.get("torch")  # not imported: torch.distributed cannot be initialized
-    if (
-        torch is not None
-        and torch.distributed.is_available()
-        and torch.distributed.is_initialized()
-    ):
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def _check_count(value: Any, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}")
 
 
-def _worker() -> tuple[int, int]:
-    torch = sys.modules.get("torch")  # not imported: not in a DataLoader worker
-    info = torch.utils.data.get_worker_info() if torch is not None else None
-    return (info.id, info.num_workers) if info is not None else (0, 1)
-
-
 class ParquetStream(_Base):  # type: ignore[misc,valid-type]
-    """An exactly resumable stream of rows or batches from Parquet shards.
+    """An exactly resumable stream of rows or batches from Parquet or Arrow IPC shards.
 
     Args:
-        source: a file, a directory (every ``*.parquet`` below it), a glob, an object-store URL
-            (``s3://``, ``gs://``, ``az://``, ``https://``, ``file://``), or a list of these (all
-            local paths or all URLs). Shards are read in sorted path order.
+        source: a file, a directory (every ``*.parquet``, ``*.arrow``, ``*.feather``,
+            ``*.arrows`` and ``*.ipc`` below it; each file's format is told by its magic bytes),
+            an HF ``datasets`` ``save_to_disk`` directory (its ``state.json`` files, in that
+            order), a glob, an object-store URL (``s3://``, ``gs://``, ``az://``, ``https://``,
+            ``file://``), or a list of these (all local paths or all URLs). Shards are read in
+            sorted path order.
         columns: columns to read (in this order); ``None`` reads all.
         batch_size: ``None`` yields one row at a time as ``dict[column, value]``; an int yields
             batches of that many rows (the last of each epoch short unless ``drop_last``).
@@ -140,6 +127,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             standard environment variables (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``), plus
             ``timeout`` / ``connect_timeout`` (per request, e.g. ``"30s"``), ``max_retries``,
             ``retry_timeout`` and ``backoff_initial``. An unknown key is an error.
+        pack: a :class:`shardstream.Pack`: items are rows of ``seq_len`` tokens packed from the
+            documents of a token column (``batch_size`` packed rows per item, or one in row
+            mode), with the packer's pending documents in the state as row references.
+            ``skip()`` is not available with packing.
 
     Raises:
         FileNotFoundError: a source names nothing.
@@ -183,6 +174,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         readahead_threads: int | None = None,
         readahead_depth: int = _DEFAULTS["readahead_depth"],
         storage_options: Mapping[str, str] | None = None,
+        pack: Pack | None = None,
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
@@ -199,17 +191,15 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             readahead_threads=readahead_threads,
             readahead_depth=readahead_depth,
         )
+        if pack is not None:
+            if not isinstance(pack, Pack):
+                raise TypeError(
+                    f"pack must be a shardstream.Pack or None, got {type(pack).__name__}"
+                )
+            self._settings_args["pack"] = pack.record()
+        self._pack = pack
         self._settings = RawSettings(**self._settings_args)  # checks every number, naming it
-        if (rank is None) != (world_size is None):
-            raise ValueError("pass rank and world_size together (or neither)")
-        for name, v in (("rank", rank), ("world_size", world_size)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise TypeError(f"{name} must be an int or None, got {type(v).__name__} {v!r}")
-        if world_size is not None and rank is not None and not 0 <= rank < world_size < 2**32:
-            raise ValueError(
-                "rank must be in [0, world_size) and world_size below 2**32, got "
-                f"rank={rank} world_size={world_size}"
-            )
+        _slots.check_rank(rank, world_size)
         self._sources = _sources(source)
         self._storage_options = _storage_options(storage_options)
         if isinstance(columns, str):
@@ -219,10 +209,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._list_format = list_format
         self._rank = rank
         self._world_size = world_size
-        self._catalog: RawCatalog | None = RawCatalog(
-            self._sources, self._columns, self._storage_options
-        )
-        self._fingerprint: dict[str, Any] = self._catalog.fingerprint()
+        self._catalog = RawCatalog(self._sources, self._columns, self._storage_options)
+        if pack is not None:
+            pack.check_schema(self._catalog.schema)
         # Where the next iterator starts; None only after unpickling, until first needed.
         self._resume: RawResume | None = RawResume.start(0)
         self._pickled_resume: tuple[list[dict[str, Any]], Any] | None = None
@@ -232,14 +221,6 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- properties ---------------------------------------------------------------------------
     @property
     def catalog(self) -> RawCatalog:
-        if self._catalog is None:  # re-opened after unpickling in a spawned worker
-            cat = RawCatalog(self._sources, self._columns, self._storage_options)
-            if cat.fingerprint() != self._fingerprint:
-                raise StateError(
-                    "the shard set changed between creating the dataset and iterating it "
-                    f"(was {self._fingerprint}, now {cat.fingerprint()})"
-                )
-            self._catalog = cat
         return self._catalog
 
     def stats(self) -> dict[str, int]:
@@ -281,16 +262,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- where this process sits --------------------------------------------------------------
     def _layout(self) -> tuple[int, int, int, int]:
         """``(rank, world_size, worker, num_workers)`` of an iterator made here and now."""
-        wrapped = self.__dict__.get("_wrapped") or _accelerate.wrapper(self)
-        if wrapped is not None:  # inside an accelerate loader: read all rows, or refuse
-            rank, world = wrapped.slot(self._world_size)
-        elif self._rank is not None and self._world_size is not None:
-            rank, world = self._rank, self._world_size
-        else:
-            rank, world = _dist_rank_world()
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world})")
-        return (rank, world, *_worker())
+        return _slots.layout(self, self._rank, self._world_size)
 
     def _start_point(self) -> RawResume:
         """Where a new iterator starts: after the previous one if it has started (or, once it
@@ -459,7 +431,11 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._start_point()  # an earlier iterator's position becomes the start point
-        conv = Converter(self._output, self.catalog.schema, self._list_format)
+        conv: Any = (
+            PackConverter(self._output)
+            if self._pack is not None
+            else Converter(self._output, self.catalog.schema, self._list_format)
+        )
         batched = self._settings.batch_size is not None
         self._iter = StreamIterator(self, conv, batched)
         return self._iter
@@ -478,7 +454,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         it = self._iter
         start = it.resume_point() if it is not None and it.started else self._start_point()
         d["_pickled_resume"] = (start.states(self.catalog, self._settings), start.replay())
-        d["_catalog"] = d["_resume"] = d["_iter"] = d["_settings"] = None
+        # _catalog pickles as its snapshot: no listing or footer read in the worker
+        d["_resume"] = d["_iter"] = d["_settings"] = None
         # Spawned workers do not see accelerate's loader: take what it is from here.
         d["_wrapped"] = self.__dict__.get("_wrapped") or _accelerate.wrapper(self)
         return d

@@ -1,12 +1,15 @@
 """The metadata sidecar: open 10,000+ shards without reading 10,000 footers.
 
 ``shardstream index SOURCE`` (or :func:`write_index`) writes ``_shardstream_index.json`` into the
-dataset root (the deepest directory holding every shard) with what opening would otherwise read
-from each footer: row groups, byte offsets, page-index presence, footer and schema digests, and
-each file's size and mtime. ``ParquetStream`` uses it automatically when present, and checks it:
+dataset root (the deepest directory, or object-store prefix, holding every shard) with what
+opening would otherwise read from each footer: row groups, byte offsets, page-index presence,
+footer and schema digests, each schema, and each file's size and mtime (objects: size and
+ETag). ``ParquetStream`` uses it automatically when present, and checks it:
 
-* an entry is used only if its file's size and mtime still match; other files' footers are read
-  as usual (a stale sidecar costs speed, never correctness);
+* an entry is used only if its file's size and mtime (objects: size and ETag) still match;
+  other files' footers are read as usual (a stale sidecar costs speed, never correctness);
+* in a bucket, opening then costs the listing plus one GET of the sidecar, and no footer
+  request: a shard's footer is fetched when it is first read;
 * a shard known from the sidecar has its footer read on first use, and that read checks the
   footer bytes against the recorded digest: a file rewritten in place with the same size and
   mtime is an error naming it, not a silently different stream;
@@ -44,10 +47,14 @@ def sidecar_path(root: str | os.PathLike[str]) -> str:
     return os.path.join(os.fspath(root), INDEX_FILE)
 
 
-def write_index(source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> str:
-    """Read every footer of ``source`` (file, directory, glob or a list) and write the sidecar
-    into the dataset root, atomically. Returns its path."""
+def write_index(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    storage_options: dict[str, str] | None = None,
+) -> str:
+    """Read every footer of ``source`` (file, directory, glob, object-store URL or a list) and
+    write the sidecar into the dataset root, atomically (a bucket: one PUT beside the shards).
+    Returns its path or URL. ``storage_options`` as ``ParquetStream``'s."""
     items: list[str | os.PathLike[str]] = (
         list(source) if isinstance(source, (list, tuple)) else [source]  # type: ignore[list-item]
     )
-    return RawCatalog([os.fspath(s) for s in items]).write_index()
+    return RawCatalog([os.fspath(s) for s in items], None, storage_options).write_index()

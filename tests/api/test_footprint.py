@@ -114,3 +114,25 @@ def test_without_torch_installed(data):
         """
     )
     assert out == ["50", "ImportError"]
+
+
+def test_mixture_without_torch_then_torch_imported(data):
+    """A Mixture with numpy output never imports torch; made before ``import torch``, it and a
+    ParquetStream are both IterableDatasets afterwards (one import hook registers both)."""
+    out = run(
+        f"""
+        import sys
+        from shardstream import Mixture, ParquetStream
+        # A source's own output is not used by the mixture; its default ("torch") imports torch.
+        src = {{"a": ParquetStream({data!r}, columns=["id"], output="numpy"),
+                "b": ParquetStream({data!r}, columns=["id"], shuffle_buffer=5, output="numpy")}}
+        m = Mixture(src, weights={{"a": 1, "b": 1}}, batch_size=4, output="numpy",
+                    on_exhausted="drop")
+        n = sum(len(b["id"]) for b in m)
+        print(n, "torch" in sys.modules)
+        import torch
+        from torch.utils.data import IterableDataset
+        print(isinstance(m, IterableDataset), isinstance(src["a"], IterableDataset))
+        """
+    )
+    assert out == ["100", "False", "True", "True"]

@@ -102,3 +102,46 @@ def test_cli_index(data):
         text=True,
     )
     assert bad.returncode == 2 and "nope" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------------ the catalog's pickled form
+
+
+def test_catalog_pickles_as_its_snapshot(data):
+    """A pickled catalog is the sidecar's JSON form: the same shards, schema, rows and
+    fingerprint, and the same stream, without opening the shard set again."""
+    import pickle
+
+    from shardstream._core import RawCatalog
+
+    for columns in (None, ["tokens", "id"]):
+        cat = RawCatalog([str(data)], columns)
+        blob = pickle.dumps(cat)
+        assert b"shardstream.catalog" in blob
+        copy = pickle.loads(blob)
+        assert copy.shard_paths == cat.shard_paths
+        assert copy.schema == cat.schema
+        assert copy.num_rows == cat.num_rows
+        assert copy.fingerprint() == cat.fingerprint()
+        assert copy.shards_info() == cat.shards_info()
+
+
+def test_pickled_dataset_keeps_its_shard_set_and_opens_nothing(data):
+    """A spawn-started worker gets its parent's catalog: a shard added after pickling is not
+    seen (nothing is listed again), the stream is the parent's; a shard removed after pickling
+    is an error naming it only when the worker reads it (nothing is opened before)."""
+    import pickle
+
+    ds = ParquetStream(str(data), **SETTINGS)
+    expect = keys_of(ParquetStream(str(data), **SETTINGS), True)
+    blob = pickle.dumps(ds)
+    datagen.write_shards(data / "c", num_shards=1, rows_per_shard=9, seed=4, start_id=500)
+    copy = pickle.loads(blob)
+    assert copy.shards == ds.shards and copy.num_rows == ds.num_rows
+    assert keys_of(copy, True) == expect
+    gone = ds.shards[-1]
+    os.remove(gone)
+    copy = pickle.loads(blob)
+    assert copy.num_rows == ds.num_rows
+    with pytest.raises((OSError, ShardError), match=os.path.basename(gone)):
+        keys_of(copy, True)

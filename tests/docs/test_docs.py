@@ -340,3 +340,74 @@ def test_guide_signature_matches_the_code():
     table = "\n".join(line for line in section.splitlines() if line.startswith("| `"))
     for name in inspect.signature(ParquetStream).parameters:
         assert f"`{name}`" in table, f"the argument table has no row for `{name}`"
+
+
+def test_guide_mixture_example(tmp_path, monkeypatch, capsys):
+    """The guide's pretraining mixture (3 sources, a linear schedule, a resume that changes the
+    weights and resizes 2 -> 3 ranks) runs as written; its first batch after the resume holds
+    the new weights to within one row per source."""
+    blocks = python_blocks(doc_section(GUIDE, "Mixtures of named sources"))
+    code = blocks[0]
+    for needle in ("schedule=", "load_state_dict(states)", "mixture(anneal, rank, 3)"):
+        assert needle in code
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, f"{GUIDE}:Mixtures", "exec"), {"__name__": "__guide__"})
+    names, counts = ast.literal_eval(capsys.readouterr().out.splitlines()[0].replace("] [", "], ["))
+    weights = {"web": 0.2, "code": 0.3, "books": 0.5}
+    assert sum(counts) == 32
+    assert all(abs(c - 32 * weights[n]) < 1 for n, c in zip(names, counts, strict=True))
+
+
+def test_state_format_mixture_example_and_keys(tmp_path):
+    """The Mixture example on the state-format page is a real state of the mixture it describes
+    (its sources' stream states shortened to their format), and every key a mixture state can
+    hold (a stratified block, a removed source) is described on the page."""
+    from shardstream import Mixture, ParquetStream
+    from shardstream.datagen import write_shards
+
+    section = doc_section(STATE_FORMAT, "Mixtures (`shardstream.Mixture`)")
+    block = re.sub(r", \.\.\.\}", "}", re.sub(r"#[^\n]*", "", python_blocks(section)[0]))
+    documented = ast.literal_eval(block)
+    write_shards(str(tmp_path / "web"), num_shards=2, rows_per_shard=500, seed=0)
+    write_shards(str(tmp_path / "code"), num_shards=1, rows_per_shard=300, seed=1, start_id=1000)
+
+    def src(names, **kw):
+        all_ = {
+            "web": ParquetStream(str(tmp_path / "web"), columns=["id"], shuffle_buffer=2, seed=1),
+            "code": ParquetStream(str(tmp_path / "code"), columns=["id"]),
+        }
+        weights = {"web": 0.75, "code": 0.25}
+        return Mixture(
+            {n: all_[n] for n in names},
+            weights={n: weights[n] for n in names},
+            batch_size=8,
+            on_exhausted={"code": "drop"} if "code" in names else "cycle",
+            **kw,
+        )
+
+    m = src(["web", "code"])
+    it = iter(m)
+    next(it)
+    next(it)
+    real = m.state_dict()
+    assert {n: {"format": s["format"]} for n, s in real["sources"].items()} == documented.pop(
+        "sources"
+    )
+    assert {k: v for k, v in real.items() if k != "sources"} == documented
+    # Every key, with a stratified block and a removed source.
+    strat = src(["web", "code"], mixing="stratified", block=24)  # 3 batches per block
+    it = iter(strat)
+    next(it)
+    one = src(["web"], mixing="stratified", block=24)
+    one.load_state_dict(strat.state_dict())
+    next(iter(one))
+    state = one.state_dict()
+    assert state["removed"] and state["mixer"]["block"]
+    names = {"web", "code"}
+    keys = {k for path, _ in leaves(state) for k in path if isinstance(k, str)} - names
+    sub = {k for p, _ in leaves(state["sources"]) for k in p if isinstance(k, str)} - names
+    sub |= {k for p, _ in leaves(state["removed"]) for k in p if isinstance(k, str)} - names
+    mixture_keys = keys - sub | set(state)
+    assert [
+        k for k in sorted(mixture_keys) if f"| `{k}`" not in section and f"`{k}`" not in section
+    ] == []

@@ -1,6 +1,9 @@
-"""Shards in an object store (issue #5): ``s3://`` against a local moto server, ``file://``.
+"""Shards in an object store (issues #5, #18): ``s3://`` against a local moto server and
+``gs://`` against fake-gcs-server (the ``objstore`` fixture runs each shared test on both;
+parametrized tests run each case on one store in turn: ``on_each_store``),
+``file://``.
 
-The same data as the local tests, uploaded to moto; every stream is compared in full
+The same data as the local tests, uploaded to the store; every stream is compared in full
 (row ids, batch boundaries) with the stream of the same files read from the local path:
 
 * full iteration, prefix listing, globs, object lists, ``file://`` URLs;
@@ -20,6 +23,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -59,6 +65,22 @@ GIVE_UP = dict(
 HANG_BOUND = 30.0  # seconds; far above what GIVE_UP allows, far below "hung"
 
 
+STORES = ("s3", "gs")
+
+
+def on_each_store(argname: str, cases: dict[str, Any]) -> Any:
+    """Parametrize ``argname`` with ``cases``, each case on one store in turn (s3, gs, s3, ...):
+    every case runs once and both stores see every kind of case, at half the time of running
+    every case on both (the ``objstore`` fixture's params are overridden)."""
+    stores = [STORES[i % len(STORES)] for i in range(len(cases))]
+    return pytest.mark.parametrize(
+        ("objstore", argname),
+        list(zip(stores, cases.values(), strict=True)),
+        ids=[f"{st}-{name}" for st, name in zip(stores, cases, strict=True)],
+        indirect=["objstore"],
+    )
+
+
 def s3_settings(opts: dict[str, str], settings: dict) -> dict:
     return {**settings, "storage_options": opts}
 
@@ -91,13 +113,18 @@ def run_bounded(fn: Any, seconds: float = HANG_BOUND) -> tuple[Any, BaseExceptio
 
 
 @pytest.fixture(scope="module")
-def small_url(s3, small) -> str:
+def small_url(objstore, small) -> str:
+    return objstore.upload(small.root)
+
+
+@pytest.fixture(scope="module")
+def s3_small_url(s3, small) -> str:
     return s3.upload(small.root)
 
 
 @pytest.fixture(scope="module")
-def nopi_url(s3, small_nopi) -> str:
-    return s3.upload(small_nopi.root)
+def nopi_url(objstore, small_nopi) -> str:
+    return objstore.upload(small_nopi.root)
 
 
 # ------------------------------------------------------------------ plain iteration
@@ -114,17 +141,17 @@ STREAMS = [
 ]
 
 
-@pytest.mark.parametrize("settings", [s for _, s in STREAMS], ids=[i for i, _ in STREAMS])
-def test_s3_stream_equals_local(s3, small, small_url, settings):
+@on_each_store("settings", dict(STREAMS))
+def test_remote_stream_equals_local(objstore, small, small_url, settings):
     local = full_stream(small.root, settings)
     if "rank" not in settings:
         check_epochs(local, list(small.paths), settings)
-    got = full_stream(small_url, s3_settings(s3.options(), settings))
+    got = full_stream(small_url, s3_settings(objstore.options(), settings))
     assert got == local
 
 
-def test_s3_dataset_metadata(s3, small, small_url):
-    ds = ParquetStream(small_url, storage_options=s3.options())
+def test_remote_dataset_metadata(objstore, small, small_url):
+    ds = ParquetStream(small_url, storage_options=objstore.options())
     loc = ParquetStream(small.root)
     names = [os.path.basename(p) for p in small.paths]
     assert [s.rsplit("/", 1)[-1] for s in ds.shards] == names
@@ -133,14 +160,14 @@ def test_s3_dataset_metadata(s3, small, small_url):
     assert ds.schema == loc.schema
 
 
-def test_s3_no_page_index_equals_local(s3, small_nopi, nopi_url):
+def test_remote_no_page_index_equals_local(objstore, small_nopi, nopi_url):
     settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=2)
-    assert full_stream(nopi_url, s3_settings(s3.options(), settings)) == full_stream(
+    assert full_stream(nopi_url, s3_settings(objstore.options(), settings)) == full_stream(
         small_nopi.root, settings
     )
 
 
-def test_s3_from_environment_variables(s3, small, small_url, monkeypatch):
+def test_s3_from_environment_variables(s3, small, s3_small_url, monkeypatch):
     """No storage_options: the standard AWS_* variables configure the store."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
@@ -149,7 +176,7 @@ def test_s3_from_environment_variables(s3, small, small_url, monkeypatch):
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     settings = dict(output="python", columns=["id"], batch_size=7)
-    assert full_stream(small_url, settings) == full_stream(small.root, settings)
+    assert full_stream(s3_small_url, settings) == full_stream(small.root, settings)
 
 
 # ------------------------------------------------------------------ listing and globs
@@ -183,25 +210,25 @@ def tree(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tree_url(s3, tree) -> str:
-    return s3.upload(str(tree), prefix="tree")
+def tree_url(objstore, tree) -> str:
+    return objstore.upload(str(tree), prefix="tree")
 
 
 SETTINGS_ID = dict(output="python", columns=["id"], batch_size=4)
 
 
-def test_prefix_listing_equals_local_directory(s3, tree, tree_url):
+def test_prefix_listing_equals_local_directory(objstore, tree, tree_url):
     """``s3://bucket/prefix/`` = every *.parquet below the prefix, in the local order."""
     local_ds = ParquetStream(str(tree), **SETTINGS_ID)
-    ds = ParquetStream(tree_url, storage_options=s3.options(), **SETTINGS_ID)
+    ds = ParquetStream(tree_url, storage_options=objstore.options(), **SETTINGS_ID)
     rel_local = [os.path.relpath(p, tree) for p in local_ds.shards]
     rel_s3 = [s[len(tree_url) :] for s in ds.shards]
     assert rel_s3 == rel_local
     assert keys_of(ds, True) == keys_of(local_ds, True)
 
 
-def test_prefix_without_trailing_slash_and_glob(s3, tree, tree_url):
-    opts = s3.options()
+def test_prefix_without_trailing_slash_and_glob(objstore, tree, tree_url):
+    opts = objstore.options()
     local = full_stream(os.path.join(str(tree), "*.parquet"), SETTINGS_ID)
     assert local, "glob matched nothing locally"
     got = full_stream(tree_url + "*.parquet", s3_settings(opts, SETTINGS_ID))
@@ -211,14 +238,14 @@ def test_prefix_without_trailing_slash_and_glob(s3, tree, tree_url):
     assert got_sub == local_sub
 
 
-def test_list_of_object_urls_equals_list_of_files(s3, tree, tree_url):
+def test_list_of_object_urls_equals_list_of_files(objstore, tree, tree_url):
     rels = ["sub/shard-00002.parquet", "shard-00000.parquet", "a-b.parquet"]
     local = full_stream([os.path.join(str(tree), r) for r in rels], SETTINGS_ID)
-    got = full_stream([tree_url + r for r in rels], s3_settings(s3.options(), SETTINGS_ID))
+    got = full_stream([tree_url + r for r in rels], s3_settings(objstore.options(), SETTINGS_ID))
     assert got == local
 
 
-def test_state_from_local_tree_resumes_over_s3(s3, tree, tree_url):
+def test_state_from_local_tree_resumes_remote(objstore, tree, tree_url):
     """The tree's relative paths sort differently as strings and as paths: the read order
     (and so the fingerprint) must not depend on where the copy lives."""
     settings = dict(output="python", columns=["id"], batch_size=4, shuffle_buffer=9, seed=4)
@@ -227,7 +254,7 @@ def test_state_from_local_tree_resumes_over_s3(s3, tree, tree_url):
     k = len(full) // 2
     take(iter(ds), k)
     state = torch_roundtrip(ds.state_dict())
-    rest = resume_rest(tree_url, s3_settings(s3.options(), settings), state)
+    rest = resume_rest(tree_url, s3_settings(objstore.options(), settings), state)
     assert full[:k] + rest == full
 
 
@@ -269,8 +296,8 @@ RESUME = [
 ]
 
 
-@pytest.mark.parametrize("settings", [s for _, s in RESUME], ids=[i for i, _ in RESUME])
-def test_resume_over_s3(s3, small, small_url, settings):
+@on_each_store("settings", dict(RESUME))
+def test_resume_remote(objstore, small, small_url, settings):
     """The harness of test_resume.py over s3:// (interrupt points from the local layout,
     including mid-row-group and mid-shuffle-buffer points), plus the local stream."""
     local = full_stream(small.root, settings)
@@ -279,31 +306,31 @@ def test_resume_over_s3(s3, small, small_url, settings):
     )
     full = check_resume(
         small_url,
-        s3_settings(s3.options(), settings),
+        s3_settings(objstore.options(), settings),
         points=points,
         check_coverage=False,
     )
     assert full == local
 
 
-def test_resume_over_s3_no_page_index(s3, small_nopi, nopi_url):
+def test_resume_remote_no_page_index(objstore, small_nopi, nopi_url):
     settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3)
     local = full_stream(small_nopi.root, settings)
     points = interrupt_points(
         len(local), list(small_nopi.paths), settings, n_random=2, max_boundary_points=6
     )
     full = check_resume(
-        nopi_url, s3_settings(s3.options(), settings), points=points, check_coverage=False
+        nopi_url, s3_settings(objstore.options(), settings), points=points, check_coverage=False
     )
     assert full == local
 
 
 @pytest.mark.parametrize("direction", ["local-to-s3", "s3-to-local"])
-def test_state_moves_between_local_copy_and_bucket(s3, small, small_url, direction):
+def test_state_moves_between_local_copy_and_bucket(objstore, small, small_url, direction):
     """The fingerprint hashes relative paths and footers: a copy of the same files in a
     bucket is the same dataset, so a state saved on one resumes on the other."""
     settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)
-    s3_set = s3_settings(s3.options(), settings)
+    s3_set = s3_settings(objstore.options(), settings)
     full = full_stream(small.root, settings)
     src, dst = (small.root, settings), (small_url, s3_set)
     if direction == "s3-to-local":
@@ -316,7 +343,7 @@ def test_state_moves_between_local_copy_and_bucket(s3, small, small_url, directi
         assert full[:k] + rest == full, f"{direction}: resume after {k} items differs"
 
 
-def test_stateful_dataloader_two_workers_over_s3(s3, small, small_url):
+def test_stateful_dataloader_two_workers_remote(objstore, small, small_url):
     """Workers fork after the catalog was opened over the network in the parent."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -326,7 +353,7 @@ def test_stateful_dataloader_two_workers_over_s3(s3, small, small_url):
         return StatefulDataLoader(make_ds(source, st), batch_size=None, num_workers=2, timeout=60)
 
     local = keys_of(loader(small.root, settings), True)
-    s3_set = s3_settings(s3.options(), settings)
+    s3_set = s3_settings(objstore.options(), settings)
     assert keys_of(loader(small_url, s3_set), True) == local
     k = len(local) // 2 + 1
     ld = loader(small_url, s3_set)
@@ -340,10 +367,10 @@ def test_stateful_dataloader_two_workers_over_s3(s3, small, small_url):
 # ------------------------------------------------------------------ counters
 
 
-def test_stats_count_what_the_server_saw(s3, small, small_url, fault_proxy):
+def test_stats_count_what_the_server_saw(objstore, small, small_url, fault_proxy):
     proxy = fault_proxy()
     ds = ParquetStream(
-        small_url, storage_options=s3.options(proxy.endpoint), output="python", batch_size=7
+        small_url, storage_options=objstore.options(proxy.endpoint), output="python", batch_size=7
     )
     opened = ds.stats()
     assert {"requests", "bytes", "retries"} <= set(opened), opened
@@ -386,12 +413,12 @@ FAULTS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(FAULTS))
-def test_faults_keep_the_stream_exact(s3, small, small_url, fault_proxy, kind):
+@on_each_store("kind", {k: k for k in FAULTS})
+def test_faults_keep_the_stream_exact(objstore, small, small_url, fault_proxy, kind):
     settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)
     local = full_stream(small.root, settings)
     proxy = fault_proxy(seed=11, **FAULTS[kind])
-    s3_set = s3_settings(s3.options(proxy.endpoint, **FAST_RETRY), settings)
+    s3_set = s3_settings(objstore.options(proxy.endpoint, **FAST_RETRY), settings)
     ds = make_ds(small_url, s3_set)
     got = keys_of(ds, True)
     ps, st = proxy.stats(), ds.stats()
@@ -410,13 +437,13 @@ def test_faults_keep_the_stream_exact(s3, small, small_url, fault_proxy, kind):
     assert local[:k] + resume_rest(small_url, s3_set, state) == local
 
 
-def test_slow_answers_time_out_and_are_retried(s3, small, small_url, fault_proxy):
+def test_slow_answers_time_out_and_are_retried(objstore, small, small_url, fault_proxy):
     """A share of requests is held longer than the per-request timeout: each such attempt
     times out and is retried; the stream is exact."""
     settings = dict(output="python", batch_size=9)
     local = full_stream(small.root, settings)
     proxy = fault_proxy(seed=5, delay_rate=0.15, delay=2.5)
-    opts = s3.options(proxy.endpoint, **{**FAST_RETRY, "timeout": "1s"})
+    opts = objstore.options(proxy.endpoint, **{**FAST_RETRY, "timeout": "1s"})
     ds = make_ds(small_url, s3_settings(opts, settings))
     t0 = time.monotonic()
     got = keys_of(ds, True)
@@ -426,11 +453,11 @@ def test_slow_answers_time_out_and_are_retried(s3, small, small_url, fault_proxy
     assert time.monotonic() - t0 < 120
 
 
-def test_short_delays_need_no_retry(s3, small, small_url, fault_proxy):
+def test_short_delays_need_no_retry(objstore, small, small_url, fault_proxy):
     settings = dict(output="python", batch_size=9, shuffle_buffer=50, seed=1)
     local = full_stream(small.root, settings)
     proxy = fault_proxy(seed=2, delay_rate=0.5, delay=0.2)
-    ds = make_ds(small_url, s3_settings(s3.options(proxy.endpoint, **FAST_RETRY), settings))
+    ds = make_ds(small_url, s3_settings(objstore.options(proxy.endpoint, **FAST_RETRY), settings))
     assert keys_of(ds, True) == local
     assert proxy.stats()["delayed"] > 0
     assert ds.stats()["retries"] == 0, ds.stats()
@@ -442,18 +469,81 @@ def _expect_io_error(err: BaseException | None, elapsed: float) -> None:
     assert elapsed < HANG_BOUND
 
 
-def test_blackhole_at_open_raises_not_hangs(s3, small_url, fault_proxy):
+def test_blackhole_at_open_raises_not_hangs(objstore, small_url, fault_proxy):
     proxy = fault_proxy(blackhole=True)
-    opts = s3.options(proxy.endpoint, **GIVE_UP)
+    opts = objstore.options(proxy.endpoint, **GIVE_UP)
     _, err, elapsed = run_bounded(lambda: ParquetStream(small_url, storage_options=opts).num_rows)
     _expect_io_error(err, elapsed)
     assert proxy.stats()["blackhole"] >= 1
 
 
-@pytest.mark.parametrize("mode", ["blackhole", "stalled-body"])
-def test_silent_server_while_reading_raises_not_hangs(s3, small_url, fault_proxy, mode):
+def _attempts(err: BaseException) -> tuple[int, float]:
+    """(attempts, seconds) from a "gave up after N attempts in S s" error."""
+    m = re.search(r"gave up after (\d+) attempts? in ([\d.]+) s", str(err))
+    assert m, f"the error does not say how long it tried: {err}"
+    return int(m.group(1)), float(m.group(2))
+
+
+@on_each_store(
+    "limits",
+    {
+        # retry_timeout binds: no attempt starts after 3 s, each lasts at most 1 s
+        "retry_timeout": dict(timeout="1s", retry_timeout="3s", max_retries="10"),
+        # max_retries binds: 1 + 2 attempts, each of them counted by the server once
+        "max_retries": dict(timeout="1s", retry_timeout="60s", max_retries="2"),
+    },
+)
+def test_silent_server_at_open_fails_within_the_configured_limits(
+    objstore, small_url, fault_proxy, limits
+):
+    """One retry policy, applied once: the listing of a silent server is tried 1 +
+    max_retries times at most (the server sees every attempt), no attempt starts after
+    retry_timeout, so opening fails within retry_timeout + timeout, and the error says how
+    long it tried. (Before: a listing loop around object_store's own retries took 18.6 s at
+    timeout=2s, retry_timeout=5s, max_retries=2.)"""
+    proxy = fault_proxy(blackhole=True)
+    opts = objstore.options(proxy.endpoint, **limits, backoff_initial="50ms")
+    _, err, elapsed = run_bounded(lambda: ParquetStream(small_url, storage_options=opts))
+    _expect_io_error(err, elapsed)
+    attempts, said = _attempts(err)
+    timeout, retry_timeout = 1.0, float(limits["retry_timeout"].rstrip("s"))
+    assert proxy.stats()["requests"] == attempts, (proxy.stats(), str(err))
+    assert attempts <= 1 + int(limits["max_retries"])
+    assert elapsed < min(retry_timeout, attempts * timeout + 1.0) + timeout + 1.5, (elapsed, err)
+    assert abs(said - elapsed) < 1.0, (said, elapsed)
+    if limits["max_retries"] == "2":
+        assert attempts == 3, str(err)
+    else:
+        assert said >= retry_timeout, f"gave up before retry_timeout: {err}"
+    assert "max_retries=" in str(err) and small_url in str(err)
+
+
+def test_silent_server_while_reading_fails_within_the_limits(objstore, small_url, fault_proxy):
+    """The same bound for a ranged GET: 1 + max_retries attempts of it reach the server."""
     proxy = fault_proxy()
-    opts = s3.options(proxy.endpoint, **GIVE_UP)
+    limits = dict(timeout="1s", retry_timeout="60s", max_retries="2", backoff_initial="50ms")
+    ds = ParquetStream(
+        small_url,
+        storage_options=objstore.options(proxy.endpoint, **limits),
+        output="python",
+        batch_size=5,
+        readahead_threads=0,
+    )
+    assert ds.num_rows > 0
+    proxy.reset_stats()
+    proxy.set_faults(blackhole=True)
+    _, err, elapsed = run_bounded(lambda: keys_of(ds, True))
+    _expect_io_error(err, elapsed)
+    attempts, _ = _attempts(err)
+    assert attempts == 3 and proxy.stats()["requests"] == 3, (proxy.stats(), str(err))
+    assert elapsed < 3 * 1.0 + 1.5, elapsed
+    assert "shard-0000" in str(err), str(err)
+
+
+@on_each_store("mode", {m: m for m in ("blackhole", "stalled-body")})
+def test_silent_server_while_reading_raises_not_hangs(objstore, small_url, fault_proxy, mode):
+    proxy = fault_proxy()
+    opts = objstore.options(proxy.endpoint, **GIVE_UP)
     ds = ParquetStream(small_url, storage_options=opts, output="python", batch_size=5)
     assert ds.num_rows > 0  # opened through the healthy proxy
     if mode == "blackhole":
@@ -470,27 +560,37 @@ def test_silent_server_while_reading_raises_not_hangs(s3, small_url, fault_proxy
 
 MISSING = {
     "object": "{url}nope.parquet",
-    "bucket": "s3://no-such-bucket-shardstream/data/",
-    "object-in-missing-bucket": "s3://no-such-bucket-shardstream/data/shard-00000.parquet",
     "empty-prefix": "{url}empty-prefix/",
     "glob-without-match": "{url}*.nomatch",
 }
+# S3 only: fake-gcs-server answers a listing of a missing bucket with 500 "no bucket named ..."
+# where GCS answers 404, so on it this would test the emulator, not the store code.
+MISSING_BUCKET = {
+    "bucket": "s3://no-such-bucket-shardstream/data/",
+    "object-in-missing-bucket": "s3://no-such-bucket-shardstream/data/shard-00000.parquet",
+}
 
 
-@pytest.mark.parametrize("case", list(MISSING))
-def test_missing_is_file_not_found_naming_it(s3, small_url, case):
-    url = MISSING[case].format(url=small_url)
-    _, err, _ = run_bounded(
-        lambda: ParquetStream(url, storage_options=s3.options(**GIVE_UP)).num_rows
-    )
+def _expect_file_not_found(url: str, options: dict[str, str]) -> None:
+    _, err, _ = run_bounded(lambda: ParquetStream(url, storage_options=options).num_rows)
     assert isinstance(err, FileNotFoundError), f"{type(err).__name__}: {err}"
     assert url.rstrip("/") in str(err), str(err)
 
 
-def test_missing_object_among_existing_ones(s3, small_url):
+@pytest.mark.parametrize("case", list(MISSING))
+def test_missing_is_file_not_found_naming_it(objstore, small_url, case):
+    _expect_file_not_found(MISSING[case].format(url=small_url), objstore.options(**GIVE_UP))
+
+
+@pytest.mark.parametrize("case", list(MISSING_BUCKET))
+def test_missing_bucket_is_file_not_found_naming_it(s3, case):
+    _expect_file_not_found(MISSING_BUCKET[case], s3.options(**GIVE_UP))
+
+
+def test_missing_object_among_existing_ones(objstore, small_url):
     bad = small_url + "shard-99999.parquet"
     with pytest.raises(FileNotFoundError, match="shard-99999.parquet"):
-        ParquetStream([small_url + "shard-00000.parquet", bad], storage_options=s3.options())
+        ParquetStream([small_url + "shard-00000.parquet", bad], storage_options=objstore.options())
 
 
 @pytest.fixture(scope="module")
@@ -550,19 +650,20 @@ def test_denied_get_is_permission_error_naming_the_object(auth_server):
     assert "s3://private/shard-0000" in str(err) and ".parquet" in str(err), str(err)
 
 
-def _rewrite(client: Any, bucket: str, key: str, start_id: int, tmp: str) -> None:
+def _rewrite(env: Any, bucket: str, key: str, start_id: int, tmp: str) -> None:
     """Overwrite ``key`` with another shard: same schema, other ids."""
     d = os.path.join(tmp, f"rewrite-{start_id}")
     paths = datagen.write_shards(d, num_shards=1, rows_per_shard=75, start_id=start_id, seed=3)
     with open(paths[0], "rb") as f:
-        client.put_object(Bucket=bucket, Key=key, Body=f.read())
+        env.put(bucket, key, f.read())
 
 
+# fake-gcs-server ignores If-Match (see tests/objstore_server.py): S3 only.
 def test_object_rewritten_after_open_is_shard_error(s3, small, tmp_path):
     url = s3.upload(small.root, bucket="rewritten", cache=False)
     ds = ParquetStream(url, storage_options=s3.options(), output="python", batch_size=5)
     assert ds.num_rows == small.num_rows
-    _rewrite(s3.client, "rewritten", "data/shard-00001.parquet", 50_000, str(tmp_path))
+    _rewrite(s3, "rewritten", "data/shard-00001.parquet", 50_000, str(tmp_path))
     with pytest.raises(ShardError) as e:
         keys_of(ds, True)
     assert "s3://rewritten/data/shard-00001.parquet" in str(e.value), str(e.value)
@@ -575,20 +676,20 @@ def test_object_rewritten_mid_iteration_is_shard_error(s3, small, tmp_path):
     )
     it = iter(ds)
     take(it, 3)  # reading shard 0
-    _rewrite(s3.client, "rewritten-mid", "data/shard-00003.parquet", 70_000, str(tmp_path))
+    _rewrite(s3, "rewritten-mid", "data/shard-00003.parquet", 70_000, str(tmp_path))
     with pytest.raises(ShardError, match="s3://rewritten-mid/data/shard-00003.parquet"):
         for _ in it:
             pass
 
 
-def test_state_against_changed_bucket_is_shards_changed_error(s3, small, tmp_path):
-    url = s3.upload(small.root, bucket="changed", cache=False)
+def test_state_against_changed_bucket_is_shards_changed_error(objstore, small, tmp_path):
+    url = objstore.upload(small.root, bucket="changed", cache=False)
     settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3)
-    s3_set = s3_settings(s3.options(), settings)
+    s3_set = s3_settings(objstore.options(), settings)
     ds = make_ds(url, s3_set)
     take(iter(ds), 20)
     state = torch_roundtrip(ds.state_dict())
-    _rewrite(s3.client, "changed", "data/shard-00002.parquet", 60_000, str(tmp_path))
+    _rewrite(objstore, "changed", "data/shard-00002.parquet", 60_000, str(tmp_path))
     fresh = make_ds(url, s3_set)
     with pytest.raises(ShardsChangedError) as e:
         fresh.load_state_dict(state)
@@ -602,11 +703,11 @@ BIG_ROWS, BIG_RG = 120_000, 2_000  # one shard, 60 row groups
 
 
 @pytest.fixture(scope="module")
-def one_big_shard(shard_factory, s3):
+def one_big_shard(shard_factory, objstore):
     sset = shard_factory(
         num_shards=1, rows_per_shard=BIG_ROWS, row_group_size=BIG_RG, tokens_len=(8, 96), seed=7
     )
-    return sset, s3.upload(sset.root, prefix="big")
+    return sset, objstore.upload(sset.root, prefix="big")
 
 
 def _fetched(ds: ParquetStream, fn: Any) -> tuple[Any, int]:
@@ -615,9 +716,9 @@ def _fetched(ds: ParquetStream, fn: Any) -> tuple[Any, int]:
     return out, ds.stats()["bytes"] - before
 
 
-def test_deep_resume_fetches_a_small_fraction(s3, one_big_shard):
+def test_deep_resume_fetches_a_small_fraction(objstore, one_big_shard):
     sset, url = one_big_shard
-    opts = s3.options()
+    opts = objstore.options()
     settings = dict(output="arrow", batch_size=1000, readahead_threads=0)
     # a full read (bytes after the catalog was opened)
     full_ds = ParquetStream(url, storage_options=opts, **settings)
@@ -665,9 +766,9 @@ def test_deep_resume_fetches_a_small_fraction(s3, one_big_shard):
     print(f"same with default readahead: {b2:,} B = {b2 / full_bytes:.2%} of a full read")
 
 
-def test_projection_fetches_only_its_columns(s3, one_big_shard):
+def test_projection_fetches_only_its_columns(objstore, one_big_shard):
     sset, url = one_big_shard
-    opts = s3.options()
+    opts = objstore.options()
     md = pq.ParquetFile(sset.paths[0]).metadata
     id_bytes = sum(
         md.row_group(g).column(0).total_compressed_size for g in range(md.num_row_groups)
@@ -686,13 +787,13 @@ def test_projection_fetches_only_its_columns(s3, one_big_shard):
     assert id_bytes <= got < 0.5 * all_bytes
 
 
-def test_uploaded_objects_are_the_files(s3, small):
+def test_uploaded_objects_are_the_files(objstore, small):
     """The upload helper itself: the bucket holds the files byte for byte (so a difference
     above is never the fixture's)."""
-    url = s3.upload(small.root)
-    bucket, prefix = url[len("s3://") :].split("/", 1)
+    url = objstore.upload(small.root)
+    bucket, prefix = url.split("://", 1)[1].split("/", 1)
     for p in small.paths:
-        body = s3.client.get_object(Bucket=bucket, Key=prefix + os.path.basename(p))["Body"].read()
+        body = objstore.get(bucket, prefix + os.path.basename(p))
         with open(p, "rb") as f:
             assert body == f.read()
 
@@ -709,14 +810,14 @@ def _ranged_gets(client: Any, bucket: str, key: str, size: int, n: int = 12) -> 
     return out
 
 
-def test_fault_proxy_is_transparent_and_deterministic(s3, small, small_url, fault_proxy):
+def test_moto_proxy_is_transparent_and_deterministic(s3, small, s3_small_url, moto_proxy):
     """Without faults the proxy passes bytes through exactly; with faults, the same seed
     makes the same decisions for the same requests (attempt by attempt)."""
-    bucket, prefix = small_url[len("s3://") :].split("/", 1)
+    bucket, prefix = s3_small_url[len("s3://") :].split("/", 1)
     key = prefix + os.path.basename(small.paths[2])
     with open(small.paths[2], "rb") as f:
         data = f.read()
-    clean = fault_proxy()
+    clean = moto_proxy()
     c = s3_client(clean.endpoint)
     assert c.head_object(Bucket=bucket, Key=key)["ContentLength"] == len(data)
     assert c.get_object(Bucket=bucket, Key=key)["Body"].read() == data
@@ -730,7 +831,7 @@ def test_fault_proxy_is_transparent_and_deterministic(s3, small, small_url, faul
         " SignedHeaders=host;range, Signature=0"
     }
     for _ in range(2):  # plain HTTP, retried at once (boto3 backs off for seconds on 503s)
-        p = fault_proxy(seed=4, error_rate=0.4)
+        p = moto_proxy(seed=4, error_rate=0.4)
         got, statuses = [], []
         conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
         for i in range(12):
@@ -751,23 +852,23 @@ def test_fault_proxy_is_transparent_and_deterministic(s3, small, small_url, faul
     assert runs[0] == runs[1] and runs[0][1]["503"] > 0, runs
 
 
-def test_fault_proxy_faults_are_what_they_claim(s3, small, small_url, fault_proxy):
+def test_moto_proxy_faults_are_what_they_claim(s3, small, s3_small_url, moto_proxy):
     from botocore.exceptions import ClientError, ReadTimeoutError, ResponseStreamingError
 
-    bucket, prefix = small_url[len("s3://") :].split("/", 1)
+    bucket, prefix = s3_small_url[len("s3://") :].split("/", 1)
     key = prefix + os.path.basename(small.paths[0])
-    p = fault_proxy(error_rate=1.0)
+    p = moto_proxy(error_rate=1.0)
     with pytest.raises(ClientError, match="503|SlowDown"):
         s3_client(p.endpoint, retries=1).get_object(Bucket=bucket, Key=key)
-    p = fault_proxy(truncate_rate=1.0)
+    p = moto_proxy(truncate_rate=1.0)
     body = s3_client(p.endpoint, retries=1).get_object(Bucket=bucket, Key=key)["Body"]
     with pytest.raises(ResponseStreamingError):
         body.read()
-    p = fault_proxy(drop_rate=1.0)
+    p = moto_proxy(drop_rate=1.0)
     with pytest.raises(Exception, match="(?i)connection|reset|closed|aborted"):
         s3_client(p.endpoint, retries=1).get_object(Bucket=bucket, Key=key)
     for knobs in (dict(blackhole=True), dict(stall_rate=1.0)):
-        p = fault_proxy(**knobs)
+        p = moto_proxy(**knobs)
         t0 = time.monotonic()
         with pytest.raises(ReadTimeoutError):
             c = s3_client(p.endpoint, retries=1, timeout=1)
@@ -779,10 +880,10 @@ def test_fault_proxy_faults_are_what_they_claim(s3, small, small_url, fault_prox
 # ------------------------------------------------------------------ plain HTTP(S) objects
 
 
-def test_http_object_urls_equal_local(s3, small, small_url):
+def test_http_object_urls_equal_local(s3, small, s3_small_url):
     """``http(s)://host/path`` names single objects (plain HTTP has no listing): moto serves
     the uploaded objects path-style over HTTP, with ranges and ETags, and no signature."""
-    bucket_prefix = small_url.removeprefix("s3://").rstrip("/")
+    bucket_prefix = s3_small_url.removeprefix("s3://").rstrip("/")
     bucket, prefix = bucket_prefix.split("/", 1)
     client = s3_client(s3.endpoint)
     for p in small.paths:  # anonymous readers need public objects
@@ -805,3 +906,109 @@ def test_http_object_urls_equal_local(s3, small, small_url):
         ParquetStream(
             f"{s3.endpoint}/{bucket_prefix}/nope.parquet", storage_options={"allow_http": "true"}
         )
+
+
+def test_plain_http_without_allow_http_says_what_to_set(s3, s3_small_url):
+    """reqwest refuses http:// unless allowed and says only "builder error": the error
+    names the option (and is not retried: it fails at once)."""
+    bucket_prefix = s3_small_url.removeprefix("s3://").rstrip("/")
+    url = f"{s3.endpoint}/{bucket_prefix}/shard-00000.parquet"
+    for source, opts in [
+        (url, None),
+        (s3_small_url, {**s3.options(), "aws_allow_http": "false"}),
+    ]:
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match='"allow_http" is "true"') as e:
+            ParquetStream(source, storage_options=opts)
+        assert time.monotonic() - t0 < 5, "a configuration error was retried"
+        assert source.rstrip("/") in str(e.value), str(e.value)
+
+
+# ------------------------------------------------------------------ the sidecar in a bucket
+
+
+def _recorder(seen: list) -> Any:
+    """A fault proxy's ``only`` hook that records every (method, path) and lets the knobs
+    apply (none set: a counting proxy)."""
+
+    def only(method: str, path: str) -> bool:
+        seen.append((method, path))
+        return True
+
+    return only
+
+
+def test_remote_sidecar_opens_with_one_listing_and_one_get(s3, small, moto_proxy, tmp_path):
+    """``shardstream index s3://...`` puts the sidecar beside the shards; opening is then a
+    listing and one GET (no footer request), with the same fingerprint and stream; a resume
+    fetches the footers of the shards it reads only; an entry whose object changed (ETag)
+    falls back to that footer. (Writing: S3 only, fake-gcs-server takes no XML upload.)"""
+    url = s3.upload(small.root, bucket="indexed", cache=False)
+    opts = s3.options()
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2)
+    local = full_stream(small.root, settings)
+    plain = ParquetStream(url, storage_options=opts)
+    fp, n = plain.catalog.fingerprint(), len(plain.shards)
+    assert plain.stats()["requests"] == 1 + n, plain.stats()  # a listing + a footer each
+    cmd = [sys.executable, "-m", "shardstream", "index", url, "--json"]
+    cmd += [f"--storage-option={k}={v}" for k, v in opts.items()]
+    info = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    assert info["index"] == url + "_shardstream_index.json" and info["shards"] == n
+    listed = s3.client.list_objects_v2(Bucket="indexed", Prefix="data/")["Contents"]
+    assert "data/_shardstream_index.json" in [o["Key"] for o in listed]
+
+    seen: list = []
+    proxy = moto_proxy(only=_recorder(seen))
+    popts = s3.options(proxy.endpoint)
+    ds = ParquetStream(url, storage_options=popts)
+    assert [m for m, _ in seen] == ["GET", "GET"], seen  # the listing, the sidecar
+    assert "list-type=" in seen[0][1] and seen[1][1].endswith("_shardstream_index.json")
+    assert ds.stats()["requests"] == 2
+    assert ds.catalog.fingerprint() == fp
+    assert full_stream(url, s3_settings(popts, settings)) == local
+
+    # a resume in the last shard: only that shard's footer (and pages) are fetched
+    rs = dict(output="python", columns=["id"], batch_size=5, readahead_threads=0)
+    rows_before = small.num_rows - 7
+    loc = make_ds(small.root, rs)
+    take(iter(loc), rows_before // 5)
+    state = torch_roundtrip(loc.state_dict())
+    seen.clear()
+    fresh = make_ds(url, s3_settings(popts, rs))
+    fresh.load_state_dict(state)
+    rest = keys_of(fresh, True)
+    assert flat(rest) == small.ids[(rows_before // 5) * 5 :]
+    shards_read = {p.rsplit("/", 1)[-1] for m, p in seen if p.endswith(".parquet")}
+    assert shards_read == {os.path.basename(small.paths[-1])}, seen
+
+    # a changed object (new ETag): its footer is read, the others still come from the sidecar
+    _rewrite(s3, "indexed", "data/" + os.path.basename(small.paths[1]), 50_000, str(tmp_path))
+    seen.clear()
+    changed = ParquetStream(url, storage_options=popts)
+    footers = [p for m, p in seen if p.endswith(".parquet")]
+    assert footers == ["/indexed/data/" + os.path.basename(small.paths[1])], seen
+    assert changed.catalog.fingerprint() != fp
+    assert changed.num_rows == small.num_rows - len(pq.read_table(small.paths[1])) + 75
+
+
+@pytest.mark.timeout(600)
+def test_spawned_workers_get_the_catalog_not_a_listing(objstore, small, small_url, fault_proxy):
+    """Spawn-started DataLoader workers receive the parent's catalog: the store sees one
+    listing (the parent's); a worker fetches a footer only for a shard it reads; the stream
+    is exact. (Before: each worker listed and read every footer again.)"""
+    from torch.utils.data import DataLoader
+
+    settings = dict(output="torch", batch_size=8, shuffle_buffer=20, seed=5)
+    want = keys_of(DataLoader(make_ds(small.root, settings), batch_size=None, num_workers=2), True)
+    seen: list = []
+    proxy = fault_proxy(only=_recorder(seen))
+    ds = make_ds(small_url, s3_settings(objstore.options(proxy.endpoint), settings))
+    opened = len(seen)
+    loader = DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context="spawn", timeout=120
+    )
+    assert keys_of(loader, True) == want
+    lists = [p for _, p in seen if "list-type=" in p]
+    assert len(lists) == 1 and "list-type=" in seen[0][1], seen[:3]
+    assert opened == 1 + len(small.paths), seen[:opened]  # the parent: a listing, the footers
+    assert len(seen) > opened

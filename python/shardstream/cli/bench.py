@@ -115,7 +115,7 @@ def pa_skip_to(
     first_id = None
     for source in sources:
         pf = pq.ParquetFile(source)
-        row_groups = None
+        row_groups: list[int] | None = None
         if seek:
             if left >= pf.metadata.num_rows:
                 left -= pf.metadata.num_rows

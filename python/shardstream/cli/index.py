@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from .. import index
-from ._common import emit_json, plain_text
+from ._common import emit_json, parse_storage_options, plain_text
 
 __all__ = ["add_parser"]
 
@@ -17,8 +17,9 @@ def run(args: argparse.Namespace) -> int:
     from .._core import RawCatalog
 
     t0 = time.perf_counter()
-    path = index.write_index(args.source)
-    cat = RawCatalog([os.fspath(s) for s in args.source])
+    options = parse_storage_options(args.storage_option)
+    cat = RawCatalog([os.fspath(s) for s in args.source], None, options)
+    path = cat.write_index()
     info = {"index": path, "shards": len(cat.shard_paths), "rows": cat.num_rows}
     info["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
@@ -35,6 +36,15 @@ def add_parser(sub: Any) -> None:
         description=plain_text((index.__doc__ or "").split("Example:")[0]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("source", nargs="+", metavar="SOURCE", help="file, directory or glob")
+    p.add_argument(
+        "source", nargs="+", metavar="SOURCE", help="file, directory, glob or object-store URL"
+    )
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="object-store setting for URL sources (repeatable), as ParquetStream's "
+        "storage_options",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)

@@ -65,6 +65,7 @@ def inspect_source(
                 "size": int(s.get("size", 0)),
                 "rows": int(s.get("rows", 0)),
                 "page_index": bool(s.get("has_offset_index", False)),
+                "format": s.get("format", "parquet"),
                 "row_groups": rgs,
             }
         )
@@ -95,7 +96,12 @@ def inspect_source(
 
 
 def _resume_assessment(shards: list[dict[str, Any]]) -> dict[str, Any]:
-    without = [s for s in shards if not s["page_index"] and s["rows"] > 0]
+    ipc = [s for s in shards if s.get("format", "parquet") != "parquet" and s["rows"] > 0]
+    without = [
+        s
+        for s in shards
+        if not s["page_index"] and s["rows"] > 0 and s.get("format", "parquet") == "parquet"
+    ]
     worst_rows = max((rg["rows"] for s in without for rg in s["row_groups"]), default=0)
     worst_bytes = max((rg["bytes"] for s in without for rg in s["row_groups"]), default=0)
     slow = [
@@ -107,13 +113,20 @@ def _resume_assessment(shards: list[dict[str, Any]]) -> dict[str, Any]:
         )
     ]
     advice: list[str] = []
+    if ipc:
+        batch = max((rg["rows"] for s in ipc for rg in s["row_groups"]), default=0)
+        advice.append(
+            f"{len(ipc)} Arrow IPC shard(s): a resume decodes the one record batch holding the "
+            f"saved row (largest batch: {batch:,} rows), found through the batch index"
+        )
     if not without:
         verdict = "fast"
-        advice.append(
-            "every shard has a page index: a resume reads the footer, seeks to the row group "
-            "and skips whole pages with the offset index (cost independent of the position "
-            "and of row-group size)"
-        )
+        if len(ipc) < sum(1 for s in shards if s["rows"] > 0):
+            advice.append(
+                "every Parquet shard has a page index: a resume reads the footer, seeks to the "
+                "row group and skips whole pages with the offset index (cost independent of "
+                "the position and of row-group size)"
+            )
     else:
         verdict = "slow" if slow else "ok"
         advice.append(

@@ -148,8 +148,15 @@ def describe_state(st: dict[str, Any]) -> dict[str, Any]:
     would (``_core.parse_states``); if it is malformed, ``problems`` holds the core's message
     (naming the field) and the other keys are None.
 
-    Keys: ``format``, ``version``, ``epoch``, ``first_epoch``, ``epochs``, ``emitted`` (rows
-    this slot yielded in the epoch), ``cursor``, ``slot`` (``index``/``count``/``even``),
+    A mixture's state (``shardstream.Mixture``) has the keys ``format``, ``version``,
+    ``started``, ``slot``, ``items`` (this slot's), ``left`` (items it may still yield),
+    ``settings``, ``weights`` (as fractions), ``sources`` (per source: ``items`` taken,
+    ``active``, ``epoch``, ``emitted``, ``cursor``, ``buffer_rows``, ``percent``,
+    ``settings``, ``policy``), ``removed`` and ``problems``.
+
+    Keys of a stream's state: ``format``, ``version``, ``epoch``, ``first_epoch``, ``epochs``,
+    ``emitted`` (rows this slot yielded in the epoch), ``cursor``, ``slot``
+    (``index``/``count``/``even``),
     ``rows_per_epoch`` (this slot's, approximate: fingerprint rows / slot count),
     ``percent`` (of that), ``buffer_rows``, ``skips`` (records), ``skipped_rows``,
     ``settings``, ``fingerprint``, ``seek``, ``elastic_specs``, ``started``, ``problems``.
@@ -160,6 +167,12 @@ def describe_state(st: dict[str, Any]) -> dict[str, Any]:
         msg = str(e)
         msg = msg if len(msg) <= 300 else f"{msg[:150]}...{msg[-150:]}"
         return {**dict.fromkeys(_FIELDS), "problems": [msg]}
+    if parsed["format"] == _core.MIXTURE_FORMAT:
+        return _describe_mixture(parsed)
+    return _describe_stream(parsed)
+
+
+def _describe_stream(parsed: dict[str, Any]) -> dict[str, Any]:
     pos, slot = parsed["position"], parsed["slot"]
     started = pos is not None
     rows = parsed["fingerprint"]["rows"]
@@ -194,6 +207,94 @@ def describe_state(st: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _describe_mixture(parsed: dict[str, Any]) -> dict[str, Any]:
+    """A mixture state (already parsed by the core): its mixer and, per source, the source's
+    own summary (:func:`describe_state` of its stream state) plus ``items`` taken from it and
+    whether it is still ``active`` in the mix."""
+    mixer = parsed["mixer"]
+    unit = float(2**32)
+    sources = {}
+    for name, st in parsed["sources"].items():
+        d = _describe_stream(st)
+        sources[name] = {
+            "items": mixer["taken"].get(name, 0) if mixer else 0,
+            "active": mixer is None or name in mixer["deficits"],
+            "epoch": d["epoch"],
+            "emitted": d["emitted"],
+            "cursor": d["cursor"],
+            "buffer_rows": d["buffer_rows"],
+            "percent": d["percent"],
+            "settings": d["settings"],
+            "policy": parsed["policies"][name],
+        }
+    return {
+        "format": parsed["format"],
+        "version": parsed["version"],
+        "started": mixer is not None,
+        "slot": parsed["slot"],
+        "items": mixer["items"] if mixer else 0,
+        "left": mixer["left"] if mixer else parsed["settings"]["samples"],
+        "settings": parsed["settings"],
+        "weights": {
+            "kind": parsed["weights"]["kind"],
+            "points": [
+                {"at": p["at"], "weights": {n: w / unit for n, w in p["weights"].items()}}
+                for p in parsed["weights"]["points"]
+            ],
+        },
+        "sources": sources,
+        "removed": {n: len(v) for n, v in parsed["removed"].items()},
+        "problems": [],
+    }
+
+
+def _head_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """The format and slot lines every state kind starts with."""
+    lines: list[tuple[str, str]] = [("format", f"{d['format']} version {d['version']}")]
+    slot = d["slot"]
+    if slot is None:
+        lines.append(("slot", "none (nothing read yet)"))
+    else:
+        where = "slot = rank * num_workers + worker_id"
+        lines.append(
+            ("slot", f"{slot['index']} of {slot['count']} (even: {slot['even']}; {where})")
+        )
+    return lines
+
+
+def _mixture_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
+    lines = _head_lines(d)
+    add = lines.append
+    left = "no limit" if d["left"] is None else f"{d['left']:,} left"
+    add(("items", f"{d['items']:,} yielded by this slot ({left})"))
+    pts = d["weights"]["points"]
+    desc = "; ".join(
+        f"from item {p['at']:,}: " + " ".join(f"{n}={w:.4g}" for n, w in p["weights"].items())
+        for p in pts[:4]
+    )
+    more = f"; and {len(pts) - 4} more points" if len(pts) > 4 else ""
+    add(("weights", f"{d['weights']['kind']}: {desc}{more}"))
+    for name, s in d["sources"].items():
+        pol = s["policy"]
+        cap = "" if pol["max_epochs"] is None else f", max_epochs {pol['max_epochs']}"
+        state = "active" if s["active"] else "out of the mix"
+        pct = "" if s["percent"] is None else f" ({s['percent']:.1f}% of its slot's rows)"
+        add(
+            (
+                f"source {name}",
+                f"{s['items']:,} items taken; epoch {s['epoch']}, {s['emitted']:,} rows of it "
+                f"yielded{pct}; buffer {s['buffer_rows']:,}; {state} "
+                f"(on_exhausted {pol['on_exhausted']}{cap})",
+            )
+        )
+    for name, n in d["removed"].items():
+        add((f"removed {name}", f"its position is kept ({n} state(s)): it continues if added back"))
+    add(("settings", " ".join(f"{k}={v!r}" for k, v in d["settings"].items())))
+    if error is not _UNCHECKED:
+        add(("source", "matches" if error is None else f"DOES NOT MATCH: {error}"))
+    return lines
+
+
 # --------------------------------------------------------------------------- check
 
 
@@ -226,6 +327,12 @@ def check_states(
 
     errors: list[str | None] = []
     for st in states:
+        if st.get("format") == _core.MIXTURE_FORMAT:
+            errors.append(
+                "a Mixture state: load it into its Mixture (Mixture.load_state_dict) to check "
+                "it; --source checks ParquetStream states"
+            )
+            continue
         ds = stream_for(st)
         if isinstance(ds, str):
             errors.append(ds)
@@ -267,14 +374,8 @@ _UNCHECKED = object()
 
 
 def _state_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
-    lines: list[tuple[str, str]] = [("format", f"{d['format']} version {d['version']}")]
+    lines = _head_lines(d)
     add = lines.append
-    slot = d["slot"]
-    if slot is None:
-        add(("slot", "none (nothing read yet)"))
-    else:
-        where = "slot = rank * num_workers + worker_id"
-        add(("slot", f"{slot['index']} of {slot['count']} (even: {slot['even']}; {where})"))
     epochs = "endless" if d["epochs"] is None else d["epochs"]
     first = _fmt_opt(d["first_epoch"])
     add(("epoch", f"{_fmt_opt(d['epoch'])} (the pass starts at {first}; epochs: {epochs})"))
@@ -311,7 +412,8 @@ def _state_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
 
 def _print_state(where: str, i: int, n: int, d: dict[str, Any], error: Any) -> None:
     print(f"state {i + 1} of {n}" + (f" at {where}" if where else ""))
-    lines = _state_lines(d, error)
+    mixture = d["format"] == _core.MIXTURE_FORMAT
+    lines = _mixture_lines(d, error) if mixture else _state_lines(d, error)
     w = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"  {k.ljust(w)}  {v}")
@@ -326,7 +428,7 @@ def run(args: argparse.Namespace) -> int:
     if not found:
         raise CliError(
             f"{args.file}: no shardstream state in this {kind} file (looked for dicts with "
-            "'format': 'shardstream.ParquetStream' at any depth)"
+            "'format': 'shardstream.ParquetStream' or 'shardstream.Mixture' at any depth)"
         )
     states = [s for _, s in found]
     described = [describe_state(s) for s in states]

@@ -90,7 +90,7 @@ pub(crate) fn shard_guard<T>(path: &std::path::Path, f: impl FnOnce() -> Result<
         Err(Error::shard(
             path,
             format!(
-                "corrupt data: the Parquet decoder failed ({})",
+                "corrupt data: the decoder failed ({})",
                 panic_message(&*payload)
             ),
         ))

@@ -14,18 +14,28 @@
 //! - [`stream`]: one slot's batches across epochs: input, retained batches, the stream.
 //! - [`elastic`]: continue states saved by one layout of slots in another.
 //! - [`resume`]: where a stream starts: loaded states checked once, own / merged / carried over.
+//! - [`access`]: random access (rows by id, any order) for map-style datasets; formats plug in.
+//! - [`sampler`]: the map-style sampler: a seeded permutation per epoch computed on the fly,
+//!   split across ranks, with an O(1), elastic state.
+//! - [`mix`]: a weighted mixture of named sources, one stream per source (rule, schedule,
+//!   resume, mixed stream).
+//! - [`pack`]: token packing into rows of `seq_len` tokens, pending documents as row references.
 //!
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
+pub mod access;
 pub mod catalog;
 mod decode;
 pub mod elastic;
 pub mod error;
+pub mod mix;
+pub mod pack;
 pub mod plan;
 pub mod prefetch;
 pub mod reader;
 pub mod resume;
 pub mod rng;
+pub mod sampler;
 pub mod settings;
 pub mod shuffle;
 pub mod state;

@@ -219,8 +219,9 @@ pub struct Segments {
     plan: Arc<EpochPlan>,
     ranges: std::collections::VecDeque<Range<u64>>,
     max_len: u64,
-    /// Cap of the first segment only (see [`Segments::with_first_len`]).
-    first_len: Option<u64>,
+    /// Cap of the next segment while ramping up (see [`Segments::with_ramp`]); doubles after
+    /// each segment until it reaches `max_len`.
+    ramp: Option<u64>,
 }
 
 impl Segments {
@@ -229,14 +230,16 @@ impl Segments {
             plan,
             ranges: ranges.into_iter().filter(|r| r.start < r.end).collect(),
             max_len: max_len.max(1),
-            first_len: None,
+            ramp: None,
         }
     }
 
-    /// Cut the first segment at `n` rows (where splittable): after a resume the first batch
-    /// then waits for a small decode, not a whole piece. The rows and their order are unchanged.
-    pub fn with_first_len(mut self, n: u64) -> Self {
-        self.first_len = Some(n.max(1));
+    /// Ramp up: cut the first segment at `n` rows (where splittable), the next at `2n`, `4n`, ...
+    /// until `max_len`. After a (re)start the first batch then waits for a small fetch and
+    /// decode, and the readahead threads started beside it fetch small pieces too, instead of
+    /// a whole piece each; steady state is unchanged. The rows and their order are unchanged.
+    pub fn with_ramp(mut self, n: u64) -> Self {
+        self.ramp = Some(n.max(1));
         self
     }
 
@@ -251,10 +254,10 @@ impl Segments {
         let (i, off) = self.plan.find(r.start);
         let u = self.plan.units[self.plan.order[i] as usize];
         let mut len = (u.rows - off).min(r.end - r.start);
-        let cap = self
-            .first_len
-            .take()
-            .map_or(self.max_len, |f| f.min(self.max_len));
+        let cap = self.ramp.map_or(self.max_len, |f| f.min(self.max_len));
+        self.ramp = self
+            .ramp
+            .and_then(|f| Some(f.saturating_mul(2)).filter(|&n| n < self.max_len));
         if len > cap {
             if let Some(n) = cut(u.shard as usize, u.row_group as usize, off, cap) {
                 len = n.clamp(1, cap);
@@ -371,8 +374,8 @@ mod tests {
     }
 
     proptest! {
-        /// However segments are cut (max length, a small first one, unsplittable shards), they
-        /// walk exactly the rows of the ranges, in order.
+        /// However segments are cut (max length, a ramp from a small first one, unsplittable
+        /// shards), they walk exactly the rows of the ranges, in order, and the ramp holds.
         #[test]
         fn segment_cuts_preserve_rows(sizes in proptest::collection::vec(1u64..40, 1..8),
                                       seed in any::<u64>(), max_len in 1u64..50, first in 1u64..10,
@@ -382,7 +385,7 @@ mod tests {
             let ranges = vec![0..total / 3, total / 2..total];
             let walk = |segs: Vec<Segment>| segs.iter().flat_map(|s| s.first_row..s.first_row + s.len).collect::<Vec<_>>();
             let plain = walk(Segments::new(plan.clone(), ranges.clone(), u64::MAX).collect());
-            let mut cut = Segments::new(plan.clone(), ranges.clone(), max_len).with_first_len(first);
+            let mut cut = Segments::new(plan.clone(), ranges.clone(), max_len).with_ramp(first);
             // Cuts anywhere in 1..=cap (as page alignment picks them), or none.
             let segs: Vec<Segment> = std::iter::from_fn(|| {
                 cut.next_with(|_, g, start, cap| split.then_some((start + g as u64 * 7) % cap + 1))
@@ -390,7 +393,9 @@ mod tests {
             .collect();
             if split {
                 prop_assert!(segs.iter().all(|s| s.len <= max_len));
-                if let Some(s) = segs.first() { prop_assert!(s.len <= first); }
+                for (i, s) in segs.iter().enumerate() {
+                    prop_assert!(s.len <= first.saturating_mul(1 << i.min(32)), "segment {} has {} rows", i, s.len);
+                }
             }
             prop_assert_eq!(walk(segs), plain);
         }

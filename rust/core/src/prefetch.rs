@@ -11,7 +11,7 @@
 //! * Large row groups are cut into pieces of at most `piece_rows` rows when the file has an
 //!   offset index (each piece then decodes only its own pages), so even a few huge row groups
 //!   keep every thread busy. Cuts fall on page boundaries of the largest projected column where
-//!   possible, so its pages are fetched and decoded once (`page_aligned`). Without an offset
+//!   possible, so its pages are fetched and decoded once (`Costs`). Without an offset
 //!   index a piece would re-decode the pages before it, so those row groups stay whole.
 //! * Fork safety: threads are only started on the first read (inside the DataLoader worker), and a
 //!   prefetcher that finds itself in a different process than the one that started it (a fork
@@ -94,7 +94,7 @@ impl Pieces {
         let catalog = &self.catalog;
         self.segments.next_with(|shard, row_group, start, cap| {
             let shard = catalog.shard(shard);
-            shard.has_offset_index.then(|| {
+            shard.has_offset_index().then(|| {
                 Costs::of(shard, row_group)
                     .and_then(|c| c.best_cut(start, cap))
                     .unwrap_or(cap)
@@ -125,7 +125,7 @@ impl Pieces {
         // piece (after a resume) is short so that the first batch waits for little. A local
         // piece is read into memory but decoded page by page as batches are taken, so a merged
         // first piece costs a resume little more than the read.
-        let Some(costs) = (shard.has_offset_index && shard.object.is_none())
+        let Some(costs) = (shard.has_offset_index() && shard.object.is_none())
             .then(|| Costs::of(shard, seg.row_group))
             .flatten()
         else {
@@ -372,7 +372,7 @@ fn decode_pieces(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{units, EpochPlan};
+    use crate::plan::EpochPlan;
     use arrow_array::{ArrayRef, Float64Array, Int64Array};
     use parquet::arrow::ArrowWriter;
     use parquet::file::properties::WriterProperties;
@@ -422,10 +422,10 @@ mod tests {
     }
 
     fn pieces(cat: &Arc<Catalog>, cap: u64, first: u64) -> (Vec<Segment>, Vec<Segment>) {
-        let plan = Arc::new(EpochPlan::new(units(cat), 3, 0, true));
+        let plan = Arc::new(EpochPlan::new(cat.units(), 3, 0, true));
         let total = plan.total();
         let range = 0..total;
-        let segs = || Segments::new(plan.clone(), vec![range.clone()], cap).with_first_len(first);
+        let segs = || Segments::new(plan.clone(), vec![range.clone()], cap).with_ramp(first);
         let plain: Vec<Segment> = segs().collect();
         let pieces: Vec<Piece> = Pieces::new(cat.clone(), segs()).collect();
         let mut pos = 0;

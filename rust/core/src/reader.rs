@@ -1,12 +1,13 @@
 //! Reading rows: where resume seeks.
 //!
 //! Every read goes through one row group of one shard with a `RowSelection` (skip `start`, select
-//! `len`). With the file's offset index (loaded once in the catalog), the parquet reader drops the
-//! pages before `start` without reading or decompressing them and decodes only from the page
-//! holding row `start`; without one it still skips rows but must read page headers. Either way no
+//! `len`). With the file's offset index (loaded once in the catalog), only the pages holding
+//! selected rows are read and decoded, from the page holding row `start`; without one the row
+//! group is streamed and rows before `start` are skipped (page headers still read). Either way no
 //! row before the resume point is ever handed to the caller, and the cost of a seek does not grow
 //! with the position. Remote shards (object stores), and local ones with an offset index, fetch
-//! the selected pages first and decode from memory: see `open_pushed_row_group`.
+//! the selected pages first and decode from memory: see `open_pushed_row_group`. An IPC shard's
+//! unit is one record batch (`open_ipc_batch`).
 
 use std::fs::File;
 use std::sync::Arc;
@@ -15,9 +16,10 @@ use arrow_array::{ArrayRef, RecordBatch};
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
 };
+use parquet::arrow::ProjectionMask;
 
-use crate::catalog::{Catalog, Shard};
-use crate::decode::{self, Batches};
+use crate::catalog::{ipc, Catalog, Shard};
+use crate::decode;
 use crate::error::{shard_guard, Error, Result};
 use crate::prefetch::Piece;
 
@@ -26,8 +28,8 @@ pub struct SegmentReader {
     catalog: Arc<Catalog>,
     shard: usize,
     row_group: usize,
-    inner: Box<Batches>,
-    /// Per output column: check its UTF-8 after decoding (see [`utf8_checks`]).
+    inner: Batches,
+    /// Per output column: check its UTF-8 after decoding (see [`utf8_check`]).
     checks: Vec<bool>,
     next_row: u64,
     remaining: u64,
@@ -46,10 +48,10 @@ impl SegmentReader {
         let shard = catalog.shard(seg.shard);
         let batch_rows = batch_rows.max(1);
         let lead = batch_rows - (piece.pos % batch_rows as u64) as usize;
-        let inner = Box::new(shard_guard(&shard.path, || {
-            open_row_group(shard, seg.row_group, selection, batch_rows)
+        let inner = shard_guard(&shard.path, || {
+            open_row_group(shard, seg.row_group, selection, batch_rows, &shard.roots)
                 .map(|b| b.with_first_batch(lead))
-        })?);
+        })?;
         let checks = utf8_checks(shard)?;
         Ok(SegmentReader {
             shard: seg.shard,
@@ -106,37 +108,139 @@ impl SegmentReader {
     }
 }
 
+/// Decoded batches of one unit as (rows, projected columns in the shard's own order), whatever
+/// the format.
+enum Batches {
+    Parquet(Box<decode::Batches>),
+    /// Zero-copy slices of one decoded IPC record batch.
+    Ipc(std::vec::IntoIter<RecordBatch>),
+}
+
+impl Batches {
+    fn next_batch(&mut self) -> parquet::errors::Result<Option<(usize, Vec<ArrayRef>)>> {
+        match self {
+            Batches::Parquet(b) => b.next_batch(),
+            Batches::Ipc(it) => Ok(it.next().map(|b| (b.num_rows(), b.columns().to_vec()))),
+        }
+    }
+
+    /// See [`decode::Batches::with_first_batch`]; an IPC batch is already decoded whole.
+    fn with_first_batch(self, rows: usize) -> Self {
+        match self {
+            Batches::Parquet(b) => Batches::Parquet(Box::new(b.with_first_batch(rows))),
+            ipc => ipc,
+        }
+    }
+}
+
+/// `roots`: the file's root columns to decode (sorted; `shard.roots` for every output column).
+/// The one place the read path dispatches on the shard's format.
 fn open_row_group(
     shard: &Shard,
     row_group: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
+    roots: &[usize],
 ) -> Result<Batches> {
+    if let Some(index) = shard.ipc() {
+        let batches = open_ipc_batch(shard, index, row_group, selection, batch_rows, roots)?;
+        return Ok(Batches::Ipc(batches));
+    }
+    Ok(Batches::Parquet(Box::new(open_parquet_row_group(
+        shard, row_group, selection, batch_rows, roots,
+    )?)))
+}
+
+/// One IPC record batch: its bytes (a local file memory-mapped, so uncompressed columns are
+/// not copied; an object's ranges fetched), decoded once, then the selection's rows as
+/// zero-copy slices of at most `batch_rows`.
+fn open_ipc_batch(
+    shard: &Shard,
+    index: &ipc::IpcIndex,
+    b: usize,
+    selection: Vec<RowSelector>,
+    batch_rows: usize,
+    roots: &[usize],
+) -> Result<std::vec::IntoIter<RecordBatch>> {
+    let ranges = index.ranges_for(b);
+    let bufs: Vec<arrow_buffer::Buffer> = match &shard.object {
+        Some(obj) => obj
+            .fetch(ranges)?
+            .into_iter()
+            .map(arrow_buffer::Buffer::from)
+            .collect(),
+        None => {
+            let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+            shard.check_unchanged(&file)?;
+            let whole = ipc::map_file(&file, &shard.path)?;
+            ipc::slices(&whole, &ranges, &shard.path)?
+        }
+    };
+    let batch = index.decode(b, &shard.schema, roots, &bufs, &shard.path)?;
+    let rows = batch.num_rows() as u64;
+    if rows != shard.row_groups[b].num_rows {
+        return Err(Error::shard(
+            &shard.path,
+            format!(
+                "record batch {b} has {rows} rows where the index says {}: the file changed \
+                 since it was indexed (rerun `shardstream index` or open the dataset again)",
+                shard.row_groups[b].num_rows
+            ),
+        ));
+    }
+    let step = batch_rows.max(1);
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for sel in selection {
+        if !sel.skip {
+            let end = at + sel.row_count;
+            let mut i = at;
+            while i < end.min(batch.num_rows()) {
+                let n = step.min(end - i).min(batch.num_rows() - i);
+                out.push(batch.slice(i, n));
+                i += n;
+            }
+        }
+        at += sel.row_count;
+    }
+    Ok(out.into_iter())
+}
+
+fn open_parquet_row_group(
+    shard: &Shard,
+    row_group: usize,
+    selection: Vec<RowSelector>,
+    batch_rows: usize,
+    roots: &[usize],
+) -> Result<decode::Batches> {
     let meta = shard.reader_meta()?;
     if let Some(obj) = &shard.object {
-        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, |r, d| {
+        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, roots, |r, d| {
             obj.fetch_pages(r, d)
         });
     }
     let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
     shard.check_unchanged(&file)?;
-    if shard.has_offset_index {
+    if shard.has_offset_index() {
         // Pieces are small and cut on page boundaries (prefetch.rs), so reading their pages up
         // front costs little memory, and decoding from memory was ~1.3x faster than the
         // page-at-a-time file reader in the iteration benchmark (README, "Measured figures").
-        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, |r, _| {
+        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, roots, |r, _| {
             read_ranges(&file, &shard.path, r)
         });
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
         .with_row_groups(vec![row_group])
-        .with_projection(shard.mask(meta))
+        .with_projection(ProjectionMask::roots(
+            meta.parquet_schema(),
+            roots.iter().copied(),
+        ))
         .with_row_selection(RowSelection::from(selection))
         .with_batch_size(batch_rows.max(1))
         .build()
         .map_err(|e| Error::shard(&shard.path, format!("row group {row_group}: {e}")))?;
-    Ok(Batches::arrow_rs(reader, shard.roots.len()))
+    Ok(decode::Batches::arrow_rs(reader, roots.len()))
 }
 
 /// `ranges` of a local file. The file was opened for this piece alone, so its position is ours
@@ -176,33 +280,66 @@ fn open_pushed_row_group(
     row_group: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
+    roots: &[usize],
     fetch: impl FnMut(Vec<std::ops::Range<u64>>, &[std::ops::Range<u64>]) -> Result<Vec<bytes::Bytes>>,
-) -> Result<Batches> {
+) -> Result<decode::Batches> {
     let bad = |e: parquet::errors::ParquetError| {
         Error::shard(&shard.path, format!("row group {row_group}: {e}"))
     };
     decode::open_row_group(
-        meta,
-        row_group,
-        &shard.roots,
-        selection,
-        batch_rows,
-        shard.size,
-        fetch,
-        bad,
+        meta, row_group, roots, selection, batch_rows, shard.size, fetch, bad,
     )
 }
 
-/// Per output column of `shard`: whether its UTF-8 must be checked here. arrow-rs checks STRING
-/// columns itself but not e.g. JSON ones (also read as utf8): invalid bytes would reach Python as
-/// a broken array. Decided from the footer, so the common case costs nothing per batch.
+/// Whether root column `root` of `shard` needs its UTF-8 checked after decoding. arrow-rs checks
+/// Parquet STRING columns itself but not e.g. JSON ones (also read as utf8): invalid bytes would
+/// reach Python as a broken array. Decided from the footer, so the common case costs nothing per
+/// batch. arrow-ipc validates what it decodes (UTF-8 included).
+fn utf8_check(shard: &Shard, root: usize) -> Result<bool> {
+    if shard.ipc().is_some() {
+        return Ok(false);
+    }
+    Ok(decode::needs_utf8_check(shard.reader_meta()?, root))
+}
+
+/// [`utf8_check`] per output column of `shard`.
 fn utf8_checks(shard: &Shard) -> Result<Vec<bool>> {
-    let meta = shard.reader_meta()?;
-    Ok(shard
+    shard
         .reorder
         .iter()
-        .map(|&i| decode::needs_utf8_check(meta, shard.roots[i]))
-        .collect())
+        .map(|&i| utf8_check(shard, shard.roots[i]))
+        .collect()
+}
+
+/// One decoded column as output column `field`: string data checked if `check`, cast to the
+/// output schema's type where this shard's type differs (see [`to_output`]).
+fn output_column(
+    shard: &Shard,
+    field: &arrow_schema::Field,
+    col: &ArrayRef,
+    check: bool,
+) -> Result<ArrayRef> {
+    if check {
+        col.to_data().validate_full().map_err(|e| {
+            Error::shard(
+                &shard.path,
+                format!("column {:?}: invalid string data: {e}", field.name()),
+            )
+        })?;
+    }
+    if col.data_type() == field.data_type() {
+        return Ok(col.clone());
+    }
+    crate::catalog::conform(col, field.data_type()).map_err(|e| {
+        Error::shard(
+            &shard.path,
+            format!(
+                "column {:?}: cannot read as {}: {e}",
+                field.name(),
+                crate::catalog::type_name(field.data_type())
+            ),
+        )
+    })
 }
 
 /// Reorder a file's projected columns into the requested order, each cast to the output
@@ -222,31 +359,7 @@ fn to_output(
         .zip(catalog.schema().fields())
         .zip(checks)
     {
-        let col = &columns[i];
-        if check {
-            col.to_data().validate_full().map_err(|e| {
-                Error::shard(
-                    &shard.path,
-                    format!("column {:?}: invalid string data: {e}", field.name()),
-                )
-            })?;
-        }
-        if col.data_type() == field.data_type() {
-            cols.push(col.clone());
-        } else {
-            cols.push(
-                crate::catalog::conform(col, field.data_type()).map_err(|e| {
-                    Error::shard(
-                        &shard.path,
-                        format!(
-                            "column {:?}: cannot read as {}: {e}",
-                            field.name(),
-                            crate::catalog::type_name(field.data_type())
-                        ),
-                    )
-                })?,
-            );
-        }
+        cols.push(output_column(shard, field, &columns[i], check)?);
     }
     let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
     RecordBatch::try_new_with_options(catalog.schema().clone(), cols, &options)
@@ -356,7 +469,7 @@ fn read_group_inner(
     }
     let mut out = Vec::new();
     let mut got = 0u64;
-    let mut batches = open_row_group(shard, g, selection, batch_rows)?;
+    let mut batches = open_row_group(shard, g, selection, batch_rows, &shard.roots)?;
     let checks = utf8_checks(shard)?;
     while let Some((n, columns)) = batches
         .next_batch()
@@ -372,4 +485,33 @@ fn read_group_inner(
         ));
     }
     Ok(out)
+}
+
+/// Output column `column` of rows `selection` of row group `g` of shard `s`, one array per
+/// decoded batch. Random access decodes (and caches) each column's pages on their own, since
+/// page boundaries differ between columns (`access/parquet.rs`).
+pub fn read_column(
+    catalog: &Catalog,
+    s: usize,
+    g: usize,
+    column: usize,
+    selection: Vec<RowSelector>,
+    batch_rows: usize,
+) -> Result<Vec<arrow_array::ArrayRef>> {
+    let shard = catalog.shard(s);
+    let root = shard.roots[shard.reorder[column]];
+    let field = catalog.schema().field(column);
+    shard_guard(&shard.path, || {
+        let mut out = Vec::new();
+        let mut batches = open_row_group(shard, g, selection, batch_rows, &[root])?;
+        let check = utf8_check(shard, root)?;
+        while let Some((_, columns)) = batches
+            .next_batch()
+            .map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?
+        {
+            // As to_output does for whole batches: checked and cast to the output type.
+            out.push(output_column(shard, field, &columns[0], check)?);
+        }
+        Ok(out)
+    })
 }

@@ -200,6 +200,18 @@ impl Resume {
                 continue;
             };
             evens.insert(even.name());
+            if pos.pack.is_some() != settings.pack.is_some() {
+                return Err(Error::State(format!(
+                    "state['position'] {} the packer's pending documents ('pack'), but the \
+                     settings {}",
+                    if pos.pack.is_some() { "has" } else { "lacks" },
+                    if settings.pack.is_some() {
+                        "pack"
+                    } else {
+                        "do not pack"
+                    }
+                )));
+            }
             pending.push((slot, even, pos.to_slot_state("state['position']")?, pos));
         }
         if evens.len() > 1 {
@@ -298,7 +310,12 @@ impl Resume {
             0,
         );
         merged_state(catalog, &opts, &self.loaded, self.even, layout.slot)
-            .map(Some)
+            .map(|mut st| {
+                if settings.pack.is_some() {
+                    st.pack = Some(self.pending_share(layout.slot));
+                }
+                Some(st)
+            })
             .map_err(|e| {
                 let unstarted = match self.unstarted {
                     0 => String::new(),
@@ -314,6 +331,17 @@ impl Resume {
                     e, layout.slot.index, layout.slot.count
                 ))
             })
+    }
+
+    /// With packing, another layout: old slot `i`'s pending documents go to new slot
+    /// `i % count`, queues concatenated in old-slot order, so each is packed exactly once.
+    fn pending_share(&self, new: Slot) -> Vec<crate::pack::DocRef> {
+        let mut old: Vec<&Checked> = self.loaded.iter().collect();
+        old.sort_by_key(|c| c.slot.index);
+        old.into_iter()
+            .filter(|c| c.slot.index % new.count == new.index)
+            .flat_map(|c| c.state.pack.clone().unwrap_or_default())
+            .collect()
     }
 
     /// The state a stream of `layout` would save right now, before reading anything.
@@ -491,6 +519,7 @@ mod tests {
             drop_last,
             epochs: Some(2),
             even: Even::Drop,
+            pack: None,
         }
     }
 

@@ -62,6 +62,8 @@ pub struct Settings {
     pub epochs: Option<u64>,
     /// The policy asked for; it applies only with more than one rank (see [`Layout`]).
     pub even: Even,
+    /// Pack a token column into rows of `seq_len` tokens (`pack/`); items are packed rows.
+    pub pack: Option<crate::pack::PackSettings>,
 }
 
 /// Knobs that never change the stream.
@@ -187,6 +189,7 @@ impl Settings {
                 })
                 .transpose()?,
             even: Even::parse(a.even.as_deref(), "even")?,
+            pack: None,
         };
         let tuning = Tuning {
             read_batch_rows: int_in(
@@ -323,6 +326,155 @@ impl Default for StreamOptions {
             even: Even::Off,
         }
     }
+}
+
+// --------------------------------------------------------------------- map-style access
+
+/// Defaults of the map-style dataset (`ParquetRows`) and its sampler.
+pub struct MapDefaults {
+    /// Bytes of decoded pages each process keeps for random access (per DataLoader worker).
+    pub page_cache_bytes: u64,
+    /// Blocks per window of the locality order.
+    pub window: u64,
+    /// Indices the sampler computes per call into the core.
+    pub sampler_chunk: u64,
+}
+
+pub const MAP_DEFAULTS: MapDefaults = MapDefaults {
+    page_cache_bytes: 256 << 20,
+    window: 16,
+    sampler_chunk: 1024,
+};
+
+/// Largest page cache: its bytes are a budget, not an allocation, but a budget beyond any
+/// machine's memory is a typo.
+pub const MAX_PAGE_CACHE_BYTES: u64 = 1 << 44;
+/// Largest row count a sampler orders (positions, paddings and block rounding stay far from
+/// u64 overflow).
+pub const MAX_SAMPLER_ROWS: u64 = 1 << 62;
+/// Largest block (rows) and window (blocks) of the locality order.
+pub const MAX_BLOCK: u64 = 1 << 32;
+
+/// What defines a sampler's order (all of it is in its state).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplerSettings {
+    pub rows: u64,
+    pub seed: u64,
+    pub shuffle: bool,
+    /// The locality order: `(block rows, window blocks)`; `None`: a global shuffle.
+    pub block: Option<(u64, u64)>,
+}
+
+/// Where one sampler sits: rank `rank` of `world`, and the `even` policy (`Off` with one rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SamplerLayout {
+    pub rank: u64,
+    pub world: u64,
+    pub even: Even,
+}
+
+/// A sampler's arguments before validation (ints as given; see [`Args`]).
+#[derive(Debug, Clone, Default)]
+pub struct SamplerArgs {
+    pub rows: i128,
+    pub seed: i128,
+    pub shuffle: bool,
+    pub block_size: Option<i128>,
+    pub window: i128,
+    pub rank: i128,
+    pub world_size: i128,
+    pub even: Option<String>,
+}
+
+impl SamplerArgs {
+    /// Validate; every error names the argument and what it must be.
+    pub fn validate(&self) -> Result<(SamplerSettings, SamplerLayout)> {
+        let rows = int_in(
+            "the dataset's length",
+            self.rows,
+            0,
+            MAX_SAMPLER_ROWS as i128,
+            "an int in [0, 2**62]",
+        )?;
+        let seed = int_in(
+            "seed",
+            self.seed,
+            0,
+            u64::MAX as i128,
+            "an int in [0, 2**64)",
+        )?;
+        let block = match self.block_size {
+            None => None,
+            Some(_) if !self.shuffle => {
+                return Err(Error::Config(
+                    "block_size needs shuffle=True (it shapes the shuffled order)".into(),
+                ))
+            }
+            Some(b) => {
+                let what = "a positive int up to 2**32 or None";
+                let b = int_in("block_size", b, 1, MAX_BLOCK as i128, what)?;
+                let w = int_in(
+                    "window",
+                    self.window,
+                    1,
+                    MAX_BLOCK as i128,
+                    "a positive int up to 2**32",
+                )?;
+                Some((b, w))
+            }
+        };
+        let world = int_in(
+            "world_size",
+            self.world_size,
+            1,
+            u32::MAX as i128,
+            "an int in [1, 2**32)",
+        )?;
+        if !(0..world as i128).contains(&self.rank) {
+            return Err(Error::Config(format!(
+                "rank must be in [0, world_size), got rank={} world_size={world}",
+                self.rank
+            )));
+        }
+        let even = Even::parse(self.even.as_deref(), "even")?;
+        let layout = SamplerLayout {
+            rank: self.rank as u64,
+            world,
+            even: if world == 1 { Even::Off } else { even },
+        };
+        Ok((
+            SamplerSettings {
+                rows,
+                seed,
+                shuffle: self.shuffle,
+                block,
+            },
+            layout,
+        ))
+    }
+}
+
+/// Validate the threads of random access (pieces read at once by one call).
+pub fn access_threads(v: i128) -> Result<usize> {
+    int_in(
+        "threads",
+        v,
+        1,
+        MAX_READAHEAD_THREADS as i128,
+        &format!("an int in [1, {MAX_READAHEAD_THREADS}] or None"),
+    )
+    .map(|t| t as usize)
+}
+
+/// Validate a page cache budget.
+pub fn page_cache_bytes(v: i128) -> Result<u64> {
+    int_in(
+        "page_cache_bytes",
+        v,
+        0,
+        MAX_PAGE_CACHE_BYTES as i128,
+        "an int in [0, 2**44]",
+    )
 }
 
 #[cfg(test)]

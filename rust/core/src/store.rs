@@ -9,8 +9,9 @@
 //!
 //! Design:
 //! * The `object_store` crate does the protocol work: credentials (standard environment
-//!   variables, then `storage_options`), per-request timeouts, and retries with exponential
-//!   backoff on 5xx, timeouts and dropped connections.
+//!   variables, then `storage_options`) and per-attempt timeouts. Retries are ours, one loop per
+//!   request ([`Retry`]), with object_store's own turned off: it retries each HTTP request but
+//!   not a listing's body, and a second loop around it multiplied the time a dead server took.
 //! * Fork safety. DataLoader workers fork after the dataset (and its catalog) exists. A tokio
 //!   runtime's threads and an HTTP client's pooled connections do not survive a fork, so both are
 //!   per process: the runtime is created on first use in each process (keyed by pid, the parent's
@@ -209,13 +210,25 @@ impl HttpConnector for CountingConnector {
     }
 }
 
-/// shardstream's own storage options (the rest go to object_store's builder for the scheme).
+/// The retry policy (storage options `max_retries`, `retry_timeout`, `backoff_initial`, with
+/// object_store's `timeout` per attempt): the one loop around every request. A request is
+/// tried again after a transient failure (5xx, 429, 408, timeout, dropped connection, body cut
+/// off) unless `max_retries` retries were made or `retry_timeout` has passed since its first
+/// attempt; no attempt starts after that, so a request fails within `retry_timeout + timeout`.
 #[derive(Debug, Clone)]
-struct Retry {
+pub(crate) struct Retry {
     max_retries: usize,
     retry_timeout: Duration,
     backoff_initial: Duration,
+    /// object_store's per-attempt timeout, when the `timeout` option is one we can read (else
+    /// its default): only quoted in errors and docs, object_store enforces it.
+    timeout: Duration,
 }
+
+/// object_store's default per-attempt timeout (`ClientOptions::default`).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest wait between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(15);
 
 impl Default for Retry {
     fn default() -> Self {
@@ -223,7 +236,57 @@ impl Default for Retry {
             max_retries: 10,
             retry_timeout: Duration::from_secs(180),
             backoff_initial: Duration::from_millis(100),
+            timeout: DEFAULT_TIMEOUT,
         }
+    }
+}
+
+impl Retry {
+    /// The wait before retry `n` (0-based): exponential, capped, with "equal jitter" (half
+    /// fixed, half random) so that thousands of readers throttled at once do not retry in step.
+    fn backoff(&self, n: usize) -> Duration {
+        let full = self
+            .backoff_initial
+            .saturating_mul(1u32 << n.min(16))
+            .min(MAX_BACKOFF.max(self.backoff_initial));
+        let half = full / 2;
+        let r = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(n);
+            h.finish()
+        };
+        half + half.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
+    /// After a failed attempt `attempt` (0-based) that began the request `started` ago: how
+    /// long to wait before the next one, or `None` when the budget is spent. The wait never
+    /// runs past `retry_timeout`.
+    fn next_wait(&self, attempt: usize, started: std::time::Instant) -> Option<Duration> {
+        let elapsed = started.elapsed();
+        if attempt >= self.max_retries || elapsed >= self.retry_timeout {
+            return None;
+        }
+        Some(self.backoff(attempt).min(self.retry_timeout - elapsed))
+    }
+
+    /// What the policy was, for an error message.
+    fn describe(&self) -> String {
+        format!(
+            "max_retries={}, retry_timeout={}, timeout={} per attempt",
+            self.max_retries,
+            secs(self.retry_timeout),
+            secs(self.timeout)
+        )
+    }
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 1.0 && s.fract() == 0.0 {
+        format!("{s:.0}s")
+    } else {
+        format!("{}s", format!("{s:.3}").trim_end_matches('0'))
     }
 }
 
@@ -298,6 +361,16 @@ impl DictCache {
     }
 }
 
+/// What one URL source names (see [`Store::resolve`]).
+#[derive(Debug)]
+pub struct Resolved {
+    pub objects: Vec<Object>,
+    /// The prefix that was listed (`None`: the URL named one object).
+    pub listed: Option<ObjPath>,
+    /// Objects with the name asked for that the listing came across.
+    pub also: Vec<Object>,
+}
+
 /// One remote shard: its store, key, and the size and ETag seen when the catalog was opened.
 #[derive(Debug, Clone)]
 pub struct Object {
@@ -338,6 +411,17 @@ impl Store {
                 "retry_timeout" => retry.retry_timeout = parse_duration(k, v)?,
                 "backoff_initial" => retry.backoff_initial = parse_duration(k, v)?,
                 other => {
+                    // object_store enforces it; we only quote it (a form we can't read is
+                    // still passed on, and object_store judges it).
+                    let bare = ["aws_", "google_", "azure_"]
+                        .iter()
+                        .find_map(|p| other.strip_prefix(p))
+                        .unwrap_or(other);
+                    if bare == "timeout" {
+                        if let Ok(t) = parse_duration(k, v) {
+                            retry.timeout = t;
+                        }
+                    }
                     rest.insert(other.to_string(), v.clone());
                 }
             }
@@ -404,13 +488,10 @@ impl Store {
             io,
             stats: self.stats.clone(),
         };
+        // object_store's retries are off: [`Store::retrying`] is the one loop (see [`Retry`]).
         let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: self.retry.backoff_initial,
-                max_backoff: Duration::from_secs(15).max(self.retry.backoff_initial),
-                base: 2.0,
-            },
-            max_retries: self.retry.max_retries,
+            backoff: BackoffConfig::default(),
+            max_retries: 0,
             retry_timeout: self.retry.retry_timeout,
         };
         let bad = |k: &str| {
@@ -486,41 +567,27 @@ impl Store {
 
     /// Every object `url` names: the object itself, every `*.parquet` below it (a prefix or
     /// "directory"), or, when the URL's path has glob characters, every object matching it.
-    /// Sorted by key; an empty result is an error naming the URL.
-    pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str) -> Result<Vec<Object>> {
+    /// Sorted by key; an empty result is an error naming the URL. Objects named `also` that a
+    /// listing came across are reported beside them (the catalog's sidecar, found for free).
+    pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str, also: &str) -> Result<Resolved> {
         let key = self.location(url)?;
         let key_str = key.as_ref().to_string();
         let glob_at = key_str.find(['*', '?', '[']);
         let store = self.clone();
         let raw_owned = raw.to_string();
-        let metas: Vec<ObjectMeta> = self.run(move |client| async move {
+        let also = format!("/{also}");
+        let is_also = move |m: &ObjectMeta| {
+            m.location.as_ref().ends_with(&also) || m.location.as_ref() == &also[1..]
+        };
+        type Found = (Vec<ObjectMeta>, Option<ObjPath>, Vec<ObjectMeta>);
+        let (metas, listed, extra): Found = self.run(move |client| async move {
             let stats = store.stats.clone();
-            let retry = store.retry.clone();
             let list = |prefix: ObjPath| {
-                let client = client.clone();
-                let (stats, retry) = (stats.clone(), retry.clone());
+                let (client, store) = (client.clone(), store.clone());
+                let raw = raw_owned.clone();
                 async move {
                     let p = (!prefix.as_ref().is_empty()).then_some(prefix);
-                    // object_store retries each page request, but not a listing whose body is
-                    // cut off mid-way: retry the whole listing on such transient errors.
-                    let mut attempt = 0;
-                    loop {
-                        stats.requests.fetch_add(1, Ordering::Relaxed);
-                        let r = client
-                            .list(p.as_ref())
-                            .try_collect::<Vec<ObjectMeta>>()
-                            .await;
-                        match r {
-                            Err(e) if attempt < retry.max_retries && transient(&e) => {
-                                tokio::time::sleep(
-                                    retry.backoff_initial * 2u32.pow(attempt.min(6) as u32),
-                                )
-                                .await;
-                                attempt += 1;
-                            }
-                            r => return r,
-                        }
-                    }
+                    store.list_retrying(&client, p.as_ref(), &raw).await
                 }
             };
             // Plain HTTP has no listing (object_store would try WebDAV): a URL is one object.
@@ -538,25 +605,40 @@ impl Store {
                     require_literal_separator: true,
                     ..Default::default()
                 };
-                let all = list(prefix).await.map_err(|e| store.error(&raw_owned, e))?;
-                return Ok(all
+                let all = list(prefix.clone()).await?;
+                let extra = all.iter().filter(|m| is_also(m)).cloned().collect();
+                let matched = all
                     .into_iter()
                     .filter(|m| pattern.matches_with(m.location.as_ref(), opts))
-                    .collect());
+                    .collect();
+                return Ok((matched, Some(prefix), extra));
             }
             if http || key_str.ends_with(".parquet") {
                 stats.requests.fetch_add(1, Ordering::Relaxed);
-                match client.head(&key).await {
-                    Ok(m) => return Ok(vec![m]),
-                    Err(object_store::Error::NotFound { .. }) if !http => {}
-                    Err(e) => return Err(store.error(&raw_owned, e)),
+                let head = store
+                    .retrying(&raw_owned, || {
+                        let (client, key) = (client.clone(), key.clone());
+                        async move {
+                            match client.head(&key).await {
+                                Ok(m) => Ok(Some(m)),
+                                // not an object: maybe a prefix (listed below)
+                                Err(object_store::Error::NotFound { .. }) if !http => Ok(None),
+                                Err(e) => Err(e),
+                            }
+                        }
+                    })
+                    .await?;
+                if let Some(m) = head {
+                    return Ok((vec![m], None, Vec::new()));
                 }
             }
-            let all = list(key).await.map_err(|e| store.error(&raw_owned, e))?;
-            Ok(all
+            let all = list(key.clone()).await?;
+            let extra = all.iter().filter(|m| is_also(m)).cloned().collect();
+            let matched = all
                 .into_iter()
                 .filter(|m| m.location.as_ref().ends_with(".parquet"))
-                .collect())
+                .collect();
+            Ok((matched, Some(key), extra))
         })?;
         if metas.is_empty() {
             return Err(Error::NotFound {
@@ -568,24 +650,248 @@ impl Store {
                 },
             });
         }
-        let mut out: Vec<Object> = metas
-            .into_iter()
-            .map(|m| Object {
-                store: self.clone(),
-                location: m.location,
-                size: m.size,
-                etag: m.e_tag,
-            })
-            .collect();
+        let object = |m: ObjectMeta| Object {
+            store: self.clone(),
+            location: m.location,
+            size: m.size,
+            etag: m.e_tag,
+        };
+        let mut out: Vec<Object> = metas.into_iter().map(object).collect();
         out.sort_by(|a, b| {
             std::path::Path::new(a.location.as_ref()).cmp(std::path::Path::new(b.location.as_ref()))
         });
-        Ok(out)
+        Ok(Resolved {
+            objects: out,
+            listed,
+            also: extra.into_iter().map(object).collect(),
+        })
+    }
+
+    /// Does a listing of `prefix` (object_store's prefix: whole path segments) see `key`?
+    pub(crate) fn covers(prefix: &ObjPath, key: &ObjPath) -> bool {
+        prefix.as_ref().is_empty() || key.prefix_match(prefix).is_some()
+    }
+
+    /// The whole object at `location` (one GET under the retry policy), or `None` if there is
+    /// none. For small files read whole (the sidecar).
+    pub(crate) fn get_whole(
+        self: &Arc<Self>,
+        location: &ObjPath,
+        what: &str,
+    ) -> Result<Option<Bytes>> {
+        let location = location.clone();
+        let what = what.to_string();
+        let stats = self.stats.clone();
+        let me = self.clone();
+        self.run(move |client| async move {
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            let got = me
+                .retrying(&what, || {
+                    let (client, location) = (client.clone(), location.clone());
+                    async move {
+                        match client.get(&location).await {
+                            Ok(r) => r.bytes().await.map(Some),
+                            Err(object_store::Error::NotFound { .. }) => Ok(None),
+                            Err(e) => Err(e),
+                        }
+                    }
+                })
+                .await?;
+            if let Some(b) = &got {
+                stats.bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+            }
+            Ok(got)
+        })
+    }
+
+    /// Write `data` to `location` (one PUT under the retry policy; object stores replace an
+    /// object whole, so readers see the old or the new one).
+    pub(crate) fn put_whole(
+        self: &Arc<Self>,
+        location: &ObjPath,
+        data: Bytes,
+        what: &str,
+    ) -> Result<()> {
+        let location = location.clone();
+        let what = what.to_string();
+        let stats = self.stats.clone();
+        let me = self.clone();
+        self.run(move |client| async move {
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            me.retrying(&what, || {
+                let (client, location, data) = (client.clone(), location.clone(), data.clone());
+                async move { client.put(&location, data.into()).await.map(|_| ()) }
+            })
+            .await
+        })
+    }
+
+    /// Run `op` (one attempt of a request, a fresh future each call) under the retry policy:
+    /// transient failures are tried again until [`Retry`] says stop. `what` names the object
+    /// or URL in errors.
+    pub(crate) async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
+        let started = std::time::Instant::now();
+        let mut attempt = 0;
+        loop {
+            let e = match op().await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            if !self.transient(&e) {
+                return Err(self.error(what, e));
+            }
+            match self.retry.next_wait(attempt, started) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return Err(self.gave_up(what, e, attempt + 1, started.elapsed())),
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Every object below `prefix`, under the retry policy. A listing is one request per page
+    /// and object_store does not retry a page whose body breaks off, so a failed listing goes
+    /// on after the last key received (S3, GCS and Azure list in key order) rather than from
+    /// the start; keys received since the last failure are progress and renew the budget.
+    async fn list_retrying(
+        &self,
+        client: &Arc<dyn ObjectStore>,
+        prefix: Option<&ObjPath>,
+        what: &str,
+    ) -> Result<Vec<ObjectMeta>> {
+        let ordered = matches!(
+            self.scheme,
+            ObjectStoreScheme::AmazonS3
+                | ObjectStoreScheme::GoogleCloudStorage
+                | ObjectStoreScheme::MicrosoftAzure
+        );
+        let mut out: Vec<ObjectMeta> = Vec::new();
+        let mut started = std::time::Instant::now();
+        let mut attempt = 0;
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        loop {
+            let after = if ordered {
+                out.last().map(|m| m.location.clone())
+            } else {
+                out.clear();
+                None
+            };
+            let mut stream = match &after {
+                Some(a) => client.list_with_offset(prefix, a),
+                None => client.list(prefix),
+            };
+            let mut failed = None;
+            while let Some(item) = stream.next().await {
+                match item {
+                    // a store that ignored the offset repeats keys: skip them
+                    Ok(m) if after.as_ref().is_some_and(|a| m.location <= *a) => {}
+                    Ok(m) => {
+                        out.push(m);
+                        if ordered {
+                            (started, attempt) = (std::time::Instant::now(), 0);
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            let Some(e) = failed else { return Ok(out) };
+            if !self.transient(&e) {
+                return Err(self.error(what, e));
+            }
+            match self.retry.next_wait(attempt, started) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return Err(self.gave_up(what, e, attempt + 1, started.elapsed())),
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Errors worth another attempt: 5xx, 429, 408, and transport failures (connect, timeout,
+    /// reset, a body cut off); not: missing, forbidden, changed, a bad request, a local file.
+    fn transient(&self, e: &object_store::Error) -> bool {
+        use object_store::Error as E;
+        if self.scheme == ObjectStoreScheme::Local {
+            return false;
+        }
+        match e {
+            E::Generic { source, .. } => {
+                if let Some(status) = status_in(&**source) {
+                    return status >= 500 || status == 429 || status == 408;
+                }
+                let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&**source);
+                while let Some(s) = src {
+                    if let Some(h) = s.downcast_ref::<object_store::client::HttpError>() {
+                        // Unknown: reqwest's builder errors (e.g. http:// refused), not the network
+                        return h.kind() != object_store::client::HttpErrorKind::Unknown;
+                    }
+                    src = s.source();
+                }
+                // Unrecognised (a credential fetch, a malformed answer): worth the bounded retry.
+                true
+            }
+            E::NotFound { .. }
+            | E::PermissionDenied { .. }
+            | E::Unauthenticated { .. }
+            | E::Precondition { .. }
+            | E::NotModified { .. }
+            | E::NotSupported { .. }
+            | E::InvalidPath { .. }
+            | E::AlreadyExists { .. }
+            | E::NotImplemented { .. }
+            | E::UnknownConfigurationKey { .. } => false,
+            _ => false,
+        }
+    }
+
+    /// The error of a request that failed transiently until the policy said stop: how many
+    /// attempts, how long, under which limits, and the last failure.
+    fn gave_up(
+        &self,
+        what: &str,
+        e: object_store::Error,
+        attempts: usize,
+        took: Duration,
+    ) -> Error {
+        let text = chain_text(&e);
+        let kind = if text.contains("timed out") || text.contains("timeout") {
+            std::io::ErrorKind::TimedOut
+        } else {
+            std::io::ErrorKind::Other
+        };
+        Error::Io {
+            path: what.to_string(),
+            source: std::io::Error::new(
+                kind,
+                format!(
+                    "gave up after {attempts} attempt{} in {:.1} s ({}): {e}",
+                    if attempts == 1 { "" } else { "s" },
+                    took.as_secs_f64(),
+                    self.retry.describe()
+                ),
+            ),
+        }
     }
 
     /// An object_store error as a core error naming the object or URL.
     pub(crate) fn error(&self, what: &str, e: object_store::Error) -> Error {
         use object_store::Error as E;
+        // reqwest refuses http:// unless allowed, saying only "builder error".
+        if chain_text(&e).contains("URL scheme is not allowed") {
+            let env = match self.scheme {
+                ObjectStoreScheme::AmazonS3 => " (or AWS_ALLOW_HTTP=true in the environment)",
+                _ => "",
+            };
+            return Error::Config(format!(
+                "{what}: the endpoint is plain http://, which is refused unless the storage \
+                 option \"allow_http\" is \"true\"{env}"
+            ));
+        }
         // Listing errors arrive as `Generic` with the HTTP status only in their text.
         let e = match e {
             E::Generic { store, source } => match status_in(&*source) {
@@ -628,14 +934,27 @@ impl Store {
     }
 }
 
-/// The HTTP status an error's message chain reports ("... status 404 Not Found ..."), if any.
-fn status_in(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
+/// An error's message with those of its sources.
+fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {
         text.push_str(": ");
         text.push_str(&s.to_string());
         src = s.source();
+    }
+    text
+}
+
+/// The HTTP status an error's message chain reports ("... status code: 503 ..." from
+/// object_store's request errors, "... 404 Not Found ..." from its listing errors), if any.
+fn status_in(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
+    let text = chain_text(e);
+    if let Some(at) = text.find("status code: ") {
+        let digits = text[at + 13..].get(..3)?;
+        if let Ok(code) = digits.parse::<u16>() {
+            return Some(code);
+        }
     }
     for (code, reason) in [
         (404, "Not Found"),
@@ -647,21 +966,6 @@ fn status_in(e: &(dyn std::error::Error + 'static)) -> Option<u16> {
         }
     }
     None
-}
-
-/// Errors worth another try of a whole operation (not: missing, forbidden, changed).
-fn transient(e: &object_store::Error) -> bool {
-    use object_store::Error as E;
-    match e {
-        E::NotFound { .. }
-        | E::PermissionDenied { .. }
-        | E::Unauthenticated { .. }
-        | E::Precondition { .. }
-        | E::NotSupported { .. }
-        | E::InvalidPath { .. } => false,
-        E::Generic { source, .. } => status_in(&**source).is_none(),
-        _ => true,
-    }
 }
 
 /// Fetch `ranges` of `obj` (any order; returned in the same order). Ranges closer than
@@ -676,15 +980,20 @@ pub(crate) async fn fetch_ranges(
     let get = |r: Range<u64>| {
         let (client, obj, stats) = (client.clone(), obj.clone(), stats.clone());
         async move {
-            stats.requests.fetch_add(1, Ordering::Relaxed);
             let opts = GetOptions {
                 if_match: obj.etag.clone(),
                 range: Some(GetRange::Bounded(r.clone())),
                 ..Default::default()
             };
-            let bytes = async { client.get_opts(&obj.location, opts).await?.bytes().await }
-                .await
-                .map_err(|e| obj.store.error(&obj.url(), e))?;
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            let bytes = obj
+                .store
+                .retrying(&obj.url(), || {
+                    let (client, opts) = (client.clone(), opts.clone());
+                    let location = obj.location.clone();
+                    async move { client.get_opts(&location, opts).await?.bytes().await }
+                })
+                .await?;
             if bytes.len() as u64 != r.end - r.start {
                 return Err(Error::Shard {
                     path: obj.url(),
@@ -821,6 +1130,58 @@ mod tests {
         assert!(!c.pages.contains_key(&key(0)), "the oldest page goes first");
         assert!(c.pages.contains_key(&key(4)));
         assert_eq!(c.pages.len(), 4);
+    }
+
+    #[test]
+    fn retry_waits_grow_and_never_pass_the_deadline() {
+        let r = Retry {
+            max_retries: 5,
+            retry_timeout: Duration::from_millis(900),
+            backoff_initial: Duration::from_millis(100),
+            timeout: Duration::from_secs(1),
+        };
+        for n in 0..5 {
+            let full = Duration::from_millis(100 << n).min(MAX_BACKOFF);
+            let w = r.backoff(n);
+            assert!(
+                w >= full / 2 && w <= full,
+                "retry {n}: {w:?} not in [{:?}, {full:?}]",
+                full / 2
+            );
+        }
+        assert!(r.backoff(40) <= MAX_BACKOFF, "capped");
+        let now = std::time::Instant::now();
+        assert!(r.next_wait(0, now).unwrap() <= Duration::from_millis(100));
+        assert_eq!(r.next_wait(5, now), None, "max_retries reached");
+        let long_ago = now - Duration::from_millis(850);
+        let w = r.next_wait(3, long_ago).unwrap();
+        assert!(
+            w <= Duration::from_millis(50),
+            "a wait ends by retry_timeout: {w:?}"
+        );
+        assert_eq!(
+            r.next_wait(1, now - Duration::from_secs(1)),
+            None,
+            "retry_timeout passed"
+        );
+        assert!(r
+            .describe()
+            .contains("max_retries=5, retry_timeout=0.9s, timeout=1s"));
+    }
+
+    #[test]
+    fn statuses_are_read_from_error_messages() {
+        let e = |m: &str| -> Box<dyn std::error::Error> { m.to_string().into() };
+        let got = |m: &str| status_in(&*e(m));
+        assert_eq!(
+            got("Server returned non-2xx status code: 503 Service Unavailable: x"),
+            Some(503)
+        );
+        assert_eq!(
+            got("Error performing list request: ... 404 Not Found"),
+            Some(404)
+        );
+        assert_eq!(got("HTTP error: error sending request"), None);
     }
 
     #[test]

@@ -291,7 +291,7 @@ fn offset_index_presence_is_detected() {
         let cat = Catalog::open(&files, None).unwrap();
         let expect = !name.contains("no-offset-index");
         for s in cat.shards() {
-            assert_eq!(s.has_offset_index, expect, "{name}: {}", s.rel_path);
+            assert_eq!(s.has_offset_index(), expect, "{name}: {}", s.rel_path);
         }
     }
 }

@@ -1,21 +1,30 @@
 //! `shardstream._core`: thin bindings over `shardstream-core`, one file per exposed class
-//! (`catalog.rs`, `settings.rs`, `resume.rs`, `stream.rs`), conversions in `convert.rs` and
-//! errors in `error.rs`. Behaviour belongs in the core; every call that reads, decodes or
-//! validates releases the GIL. This file only registers.
+//! (`catalog.rs`, `settings.rs`, `resume.rs`, `stream.rs`; for mixtures `mixture.rs`,
+//! `mix_resume.rs`, `mix_stream.rs`; the map-style `access.rs` and `sampler.rs`), conversions
+//! in `convert.rs` and errors in `error.rs`.
+//! Behaviour belongs in the core; every call that reads, decodes or validates releases the GIL.
+//! This file only registers.
 
+mod access;
 mod catalog;
 mod convert;
 mod error;
+mod mix_resume;
+mod mix_stream;
+mod mixture;
 mod resume;
+mod sampler;
 mod settings;
 mod stream;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::access::RawRows;
 use crate::catalog::RawCatalog;
 use crate::error::detach;
 use crate::resume::{state_to_py, RawResume};
+use crate::sampler::{RawRun, RawSampler};
 use crate::settings::RawSettings;
 use crate::stream::RawStream;
 
@@ -36,14 +45,24 @@ fn skip_state<'py>(
     state_to_py(py, &st)
 }
 
-/// Check states (strictly, as a load does, but without a dataset): each one's parsed envelope.
+/// Check states (strictly, as a load does, but without a dataset): each one's parsed envelope
+/// (a stream's, or a mixture's with its sources' inside).
 #[pyfunction]
 fn parse_states<'py>(py: Python<'py>, states: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyList>> {
+    use shardstream_core::state::envelope::{parse_node, Node};
     let out = PyList::empty(py);
     for v in convert::list_to_values(states)? {
-        let st = shardstream_core::state::envelope::parse_stream(v, "state")
-            .map_err(|e| error::to_py(py, e))?;
-        out.append(state_to_py(py, &st)?)?;
+        match parse_node(v, "state").map_err(|e| error::to_py(py, e))? {
+            Node::Stream(st) => out.append(state_to_py(py, &st)?)?,
+            Node::Mixture(m) => out.append(mix_resume::mixture_state_to_py(py, &m)?)?,
+            Node::Sampler(_) => {
+                let e = shardstream_core::error::Error::State(format!(
+                    "state is a map-style sampler's (format='{}'), not a stream's or a mixture's",
+                    shardstream_core::state::sampler::SAMPLER_FORMAT
+                ));
+                return Err(error::to_py(py, e));
+            }
+        }
     }
     Ok(out)
 }
@@ -71,6 +90,29 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawSettings>()?;
     m.add_class::<RawResume>()?;
     m.add_class::<RawStream>()?;
+    m.add(
+        "SAMPLER_FORMAT",
+        shardstream_core::state::sampler::SAMPLER_FORMAT,
+    )?;
+    m.add(
+        "SAMPLER_VERSION",
+        shardstream_core::state::sampler::SAMPLER_VERSION,
+    )?;
+    m.add_class::<RawRows>()?;
+    m.add_class::<RawSampler>()?;
+    m.add_class::<RawRun>()?;
+    m.add(
+        "MIXTURE_FORMAT",
+        shardstream_core::state::mixture::MIXTURE_FORMAT,
+    )?;
+    m.add(
+        "MIXTURE_VERSION",
+        shardstream_core::state::mixture::MIXTURE_VERSION,
+    )?;
+    m.add_class::<mixture::RawMixture>()?;
+    m.add_class::<mix_resume::RawMixResume>()?;
+    m.add_class::<mix_stream::RawMixStream>()?;
+    m.add_class::<mix_stream::RawMixChunk>()?;
     m.add_function(wrap_pyfunction!(skip_state, m)?)?;
     m.add_function(wrap_pyfunction!(parse_states, m)?)?;
     Ok(())

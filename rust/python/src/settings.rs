@@ -3,8 +3,9 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use shardstream_core::pack::PackSettings;
 use shardstream_core::settings::{
-    Args, DEFAULTS, MAX_READAHEAD_DEPTH, MAX_READAHEAD_THREADS, MAX_READ_BATCH_ROWS,
+    Args, DEFAULTS, MAP_DEFAULTS, MAX_READAHEAD_DEPTH, MAX_READAHEAD_THREADS, MAX_READ_BATCH_ROWS,
 };
 use shardstream_core::{Settings, Tuning};
 
@@ -19,7 +20,7 @@ pub struct RawSettings {
 
 /// A Python int as an i128; beyond that range, the nearest bound (the core reports it out of
 /// range, naming the argument). Bools are not ints here.
-fn int(name: &str, v: &Bound<'_, PyAny>, or_none: bool) -> PyResult<Option<i128>> {
+pub(crate) fn int(name: &str, v: &Bound<'_, PyAny>, or_none: bool) -> PyResult<Option<i128>> {
     if or_none && v.is_none() {
         return Ok(None);
     }
@@ -43,7 +44,7 @@ fn int(name: &str, v: &Bound<'_, PyAny>, or_none: bool) -> PyResult<Option<i128>
 impl RawSettings {
     #[new]
     #[pyo3(signature = (*, seed, shuffle_buffer, batch_size, drop_last, epochs, even,
-                        read_batch_rows, readahead_threads, readahead_depth))]
+                        read_batch_rows, readahead_threads, readahead_depth, pack=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -56,6 +57,7 @@ impl RawSettings {
         read_batch_rows: &Bound<'_, PyAny>,
         readahead_threads: &Bound<'_, PyAny>,
         readahead_depth: &Bound<'_, PyAny>,
+        pack: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let Ok(drop_last) = drop_last.cast::<PyBool>() else {
             return Err(PyTypeError::new_err(format!(
@@ -88,7 +90,12 @@ impl RawSettings {
             readahead_threads: int("readahead_threads", readahead_threads, true)?,
             readahead_depth: int("readahead_depth", readahead_depth, false)?.unwrap_or_default(),
         };
-        let (settings, tuning) = Settings::from_args(&args).map_err(|e| to_py(py, e))?;
+        let (mut settings, tuning) = Settings::from_args(&args).map_err(|e| to_py(py, e))?;
+        if let Some(p) = pack.filter(|p| !p.is_none()) {
+            // The Python `Pack` checked the types; the core checks the values.
+            let v = crate::convert::to_value(p, "pack")?;
+            settings.pack = Some(PackSettings::parse(v).map_err(|e| to_py(py, e))?);
+        }
         Ok(RawSettings { settings, tuning })
     }
 
@@ -122,5 +129,8 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("max_read_batch_rows", MAX_READ_BATCH_ROWS)?;
     d.set_item("max_readahead_threads", MAX_READAHEAD_THREADS)?;
     d.set_item("max_readahead_depth", MAX_READAHEAD_DEPTH)?;
+    d.set_item("page_cache_bytes", MAP_DEFAULTS.page_cache_bytes)?;
+    d.set_item("window", MAP_DEFAULTS.window)?;
+    d.set_item("sampler_chunk", MAP_DEFAULTS.sampler_chunk)?;
     Ok(d)
 }

@@ -147,6 +147,12 @@ def main() -> None:
     if dist is not None:
         dist.barrier()
         dist.destroy_process_group()
+    # Everything this job reports is written and closed above. Skip interpreter teardown:
+    # under load torch's static destructors (gloo, DCP) occasionally abort a finished rank
+    # ("terminate called without an active exception", exit -6).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

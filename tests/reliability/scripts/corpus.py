@@ -424,8 +424,11 @@ T_DOUBLE, T_BINARY, T_LIST, T_SET, T_MAP, T_STRUCT = 7, 8, 9, 10, 11, 12
 
 
 def _t_varint(b: bytes, p: int) -> tuple[int, int]:
+    """A Thrift compact varint at ``p``: ``(value, next p)``; ``ValueError`` if cut short."""
     out = shift = 0
     while True:
+        if p >= len(b) or shift > 70:
+            raise ValueError("truncated varint")
         x = b[p]
         p += 1
         out |= (x & 0x7F) << shift
@@ -1261,3 +1264,83 @@ def canon(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return type(v)(canon(x) for x in v)
     return v
+
+
+# ---------------------------------------------------------------- Arrow IPC shards
+#
+# The corpus tables as Arrow IPC files and streams (pyarrow-written; arrow-rs-written ones are
+# in the core's unit tests), uncompressed, LZ4 and ZSTD, record batches of 97 rows, plus
+# streams whose dictionaries are replaced or extended (delta) between batches.
+
+
+@dataclass(frozen=True)
+class IpcCase:
+    name: str
+    batches: Callable[[], list[pa.RecordBatch]]
+    stream: bool
+    compression: str | None = None
+    deltas: bool = False
+
+
+def _chunks(t: Callable[[], pa.Table]) -> Callable[[], list[pa.RecordBatch]]:
+    return lambda: t().combine_chunks().to_batches(max_chunksize=97)
+
+
+def _changing_dictionaries() -> list[pa.RecordBatch]:
+    """Each batch with its own dictionary (growing: a delta where the writer may emit one)."""
+    out = []
+    for b in range(5):
+        words = [f"w{k}" for k in range(b + 2)]
+        idx = pa.array([(k * 3 + b) % len(words) if k % 4 else None for k in range(31)], pa.int16())
+        lab = pa.DictionaryArray.from_arrays(idx, pa.array(words))
+        row = pa.array(range(b * 31, (b + 1) * 31), pa.int64())
+        out.append(pa.RecordBatch.from_arrays([row, lab], names=["row", "label"]))
+    return out
+
+
+def ipc_cases() -> list[IpcCase]:
+    tables = {
+        "scalar": lambda: scalar_table(seed=70),
+        "nested": lambda: nested_table(seed=71),
+        "dictionary": lambda: dictionary_table(seed=72),
+        "big-values": lambda: big_values_table(seed=73),
+    }
+    comps = [None, "lz4", "zstd"]
+    out = []
+    for i, (name, t) in enumerate(tables.items()):
+        for stream in (False, True):
+            comp = comps[(2 * i + stream) % 3]
+            kind = "stream" if stream else "file"
+            out.append(IpcCase(f"ipc-{kind}-{name}-{comp or 'none'}", _chunks(t), stream, comp))
+    for deltas in (False, True):
+        out.append(
+            IpcCase(
+                f"ipc-stream-{'delta' if deltas else 'replaced'}-dictionaries",
+                _changing_dictionaries,
+                True,
+                "zstd" if deltas else None,
+                deltas,
+            )
+        )
+    return out
+
+
+def write_ipc_case(case: IpcCase, directory: str) -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{case.name}.{'arrows' if case.stream else 'arrow'}")
+    batches = case.batches()
+    opts = pa.ipc.IpcWriteOptions(compression=case.compression, emit_dictionary_deltas=case.deltas)
+    new = pa.ipc.new_stream if case.stream else pa.ipc.new_file
+    with new(path, batches[0].schema, options=opts) as w:
+        for b in batches:
+            w.write_batch(b)
+    return path
+
+
+def read_ipc(path: str) -> pa.Table:
+    """What pyarrow reads of an IPC file or stream (by its magic bytes)."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic == b"ARROW1":
+        return pa.ipc.open_file(path).read_all()
+    return pa.ipc.open_stream(path).read_all()

@@ -48,6 +48,8 @@ import sys
 import time
 from typing import Any
 
+from corpus import _t_varint
+
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BASES = [
@@ -102,17 +104,7 @@ FILE_NAME = "fuzzcase.parquet"
 # ------------------------------------------------------------------------ thrift / layout
 
 
-def _varint(b: bytes, p: int) -> tuple[int, int]:
-    shift = out = 0
-    while True:
-        if p >= len(b) or shift > 70:
-            raise ValueError("truncated varint")
-        x = b[p]
-        p += 1
-        out |= (x & 0x7F) << shift
-        shift += 7
-        if not x & 0x80:
-            return out, p
+_varint = _t_varint  # the corpus's Thrift varint reader (bounds-checked)
 
 
 def _skip(b: bytes, p: int, t: int) -> int:
@@ -215,6 +207,53 @@ def layout(data: bytes) -> dict[str, list[tuple[int, int]]]:
         "any": [(0, len(data))],
     }
     return {k: v for k, v in out.items() if v}
+
+
+def ipc_layout(data: bytes) -> dict[str, list[tuple[int, int]]]:
+    """Regions of an Arrow IPC file or stream, named as the Parquet ones so the same mutations
+    apply: message metadata as ``page_header``, message bodies as ``page_data``, an IPC file's
+    footer as ``footer`` and its last 10 bytes (footer length + ``ARROW1``) as ``tail``."""
+    import pyarrow as pa
+
+    is_file = data[:6] == b"ARROW1"
+    end = len(data) - 10 - int.from_bytes(data[-10:-6], "little") if is_file else len(data)
+    at = 8 if is_file else 0
+    headers, bodies = [], []
+    reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(data[at:end]))
+    for msg in reader:
+        meta = 8 + msg.metadata.size
+        headers.append((at, at + meta))
+        if msg.body.size:
+            bodies.append((at + meta, at + meta + msg.body.size))
+        at += meta + msg.body.size
+    out = {
+        "page_header": headers,
+        "page_data": bodies,
+        "footer": [(end, len(data) - 10)] if is_file else [],
+        "tail": [(len(data) - 10, len(data))] if is_file else [],
+        "any": [(0, len(data))],
+    }
+    return {k: v for k, v in out.items() if v}
+
+
+def read_reference(path: str) -> Any:
+    """What pyarrow reads of a Parquet or Arrow IPC file (by magic bytes)."""
+    import pyarrow.parquet as pq
+    from corpus import read_ipc
+
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    return pq.read_table(path) if magic == b"PAR1" else read_ipc(path)
+
+
+def fresh_file(path: str) -> None:
+    """Unlink ``path`` before it is written again: a memory-mapped IPC shard truncated in place
+    while an earlier case's readahead thread still reads it would be SIGBUS (an unlinked file
+    keeps its pages for whoever maps it)."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def mutate(
@@ -394,7 +433,6 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import corpus
-    import pyarrow.parquet as pq
     import shardstream  # noqa: F401 - imports torch: its address space is part of the baseline
     from hypothesis import HealthCheck, given, seed, settings
     from hypothesis import strategies as st
@@ -425,12 +463,24 @@ def main() -> int:
                 "crc": crc,
                 "rows": None,
             }
+    # Arrow IPC files and streams (pyarrow-written, compressed and not, with dictionaries).
+    for c in corpus.ipc_cases():
+        p = corpus.write_ipc_case(c, os.path.join(args.work, "bases"))
+        data = open(p, "rb").read()
+        bases[c.name] = {
+            "path": p,
+            "data": data,
+            "regions": ipc_layout(data),
+            "crc": False,
+            "rows": None,
+        }
     # States taken on the intact files (for the resume modes) and the intact rows.
     from shardstream import ParquetStream
 
     for b in bases.values():
         b["states"] = {}
         tmp = os.path.join(args.work, FILE_NAME)
+        fresh_file(tmp)
         with open(tmp, "wb") as f:
             f.write(b["data"])
         for mode in ("resume-seq", "resume-shuffled"):
@@ -439,7 +489,7 @@ def main() -> int:
             for _ in ds:
                 states.append(ds.state_dict())
             b["states"][mode] = states
-        b["rows"] = pq.read_table(tmp)
+        b["rows"] = read_reference(tmp)
 
     counts = COUNTS
     by_region: collections.Counter[str] = collections.Counter()
@@ -453,6 +503,7 @@ def main() -> int:
         data, payload_only = mutate(b["data"], b["regions"], muts)
         with open(current, "w") as f:
             json.dump({"base": base, "mutations": muts, "mode": mode, "k": k}, f, default=list)
+        fresh_file(path)
         with open(path, "wb") as f:
             f.write(data)
         faulthandler.dump_traceback_later(args.case_timeout, exit=True)
@@ -469,7 +520,7 @@ def main() -> int:
             counts[f"resume:{kind}"] += 1
             return
         try:
-            ref = pq.read_table(path)
+            ref = read_reference(path)
         except Exception:  # noqa: BLE001
             ref = None
         if kind == "error":

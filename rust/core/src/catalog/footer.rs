@@ -12,10 +12,11 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
 use sha2::{Digest, Sha256};
 
 use super::compat;
+use super::ipc::{self, Sniffed};
 use super::schema::schema_digest;
 use super::sidecar::INDEX_FILE;
 use super::sources::common_root;
-use super::{RowGroupInfo, Shard};
+use super::{Format, RowGroupInfo, Shard};
 use crate::error::{shard_guard, Error, Result};
 use crate::store::{Object, Store};
 
@@ -99,14 +100,23 @@ pub(super) fn load_meta(file: &File, path: &Path) -> Result<ArrowReaderMetadata>
     ArrowReaderMetadata::try_new(Arc::new(md), options).map_err(bad)
 }
 
-/// Resolve URL sources to objects (listing prefixes, matching globs) and read their footers,
-/// [`FOOTER_CONCURRENCY`](crate::store::FOOTER_CONCURRENCY) at a time. One store per scheme and
+/// URL sources resolved: the objects (in path order), the dataset root, the stores, and any
+/// metadata sidecars the listings saw.
+pub(crate) struct RemoteSet {
+    pub root: PathBuf,
+    pub objects: Vec<Object>,
+    pub stores: Vec<Arc<Store>>,
+    pub resolved: Vec<crate::store::Resolved>,
+}
+
+/// Resolve URL sources to objects (listing prefixes, matching globs). One store per scheme and
 /// bucket; the root is the deepest common "directory" of the objects' URLs.
-pub(super) fn open_remote(
+pub(super) fn resolve_remote(
     sources: &[String],
     options: &BTreeMap<String, String>,
-) -> Result<(PathBuf, Vec<Shard>, Vec<Arc<Store>>)> {
+) -> Result<RemoteSet> {
     let mut stores: Vec<Arc<Store>> = Vec::new();
+    let mut resolved = Vec::new();
     // Keyed by the URL as a path, so objects sort by path components exactly as local files do
     // ("a/x" before "a-b"): a local copy and a bucket copy give the same stream.
     let mut objects: BTreeMap<PathBuf, Object> = BTreeMap::new();
@@ -121,23 +131,42 @@ pub(super) fn open_remote(
                 s
             }
         };
-        for obj in store.resolve(&url, src)? {
-            objects.insert(PathBuf::from(obj.url()), obj);
+        let r = store.resolve(&url, src, super::sidecar::INDEX_FILE)?;
+        for obj in &r.objects {
+            objects.insert(PathBuf::from(obj.url()), obj.clone());
         }
+        resolved.push(r);
     }
     let urls: Vec<PathBuf> = objects.keys().cloned().collect();
     let root = common_root(&urls);
+    Ok(RemoteSet {
+        root,
+        objects: objects.into_values().collect(),
+        stores,
+        resolved,
+    })
+}
+
+/// Read the footers of `objects` (all of `stores`),
+/// [`FOOTER_CONCURRENCY`](crate::store::FOOTER_CONCURRENCY) at a time, in order.
+pub(super) fn read_remote_footers(
+    objects: &[Object],
+    stores: &[Arc<Store>],
+    root: &Path,
+) -> Result<Vec<Shard>> {
     let mut shards = Vec::with_capacity(objects.len());
     // Footers are fetched per store (each has its own client), keeping the global order.
-    let objects: Vec<Object> = objects.into_values().collect();
-    for store in &stores {
+    for store in stores {
         let mine: Vec<(usize, Object)> = objects
             .iter()
             .cloned()
             .enumerate()
             .filter(|(_, o)| Arc::ptr_eq(&o.store, store))
             .collect();
-        let root_for = root.clone();
+        if mine.is_empty() {
+            continue;
+        }
+        let root_for = root.to_path_buf();
         let read = crate::store::run_buffered(
             store,
             mine,
@@ -150,16 +179,28 @@ pub(super) fn open_remote(
         shards.extend(read);
     }
     shards.sort_by_key(|(i, _)| *i);
-    Ok((root, shards.into_iter().map(|(_, s)| s).collect(), stores))
+    Ok(shards.into_iter().map(|(_, s)| s).collect())
 }
 
-/// One remote footer: a single suffix request in the common case ([`crate::store`] sizes it to
-/// hold footer and offset index), more only when the decoder asks for them.
+/// One remote footer and its shard.
 async fn read_remote_footer(
     client: Arc<dyn object_store::ObjectStore>,
     obj: Object,
     root: &Path,
 ) -> Result<Shard> {
+    let path = PathBuf::from(obj.url());
+    let (meta, footer_digest) = remote_meta(client, obj.clone()).await?;
+    let rel = rel_path(&path, root);
+    shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
+}
+
+/// One remote footer, parsed, and the digest of its raw bytes: a single suffix request in the
+/// common case ([`crate::store`] sizes it to hold footer and offset index), more only when the
+/// decoder asks for them.
+pub(crate) async fn remote_meta(
+    client: Arc<dyn object_store::ObjectStore>,
+    obj: Object,
+) -> Result<(ArrowReaderMetadata, [u8; 16])> {
     use parquet::file::metadata::ParquetMetaDataPushDecoder;
     use parquet::DecodeResult;
     let url = obj.url();
@@ -174,6 +215,13 @@ async fn read_remote_footer(
     let tail = crate::store::fetch_ranges(client.clone(), obj.clone(), vec![tail_range.clone()])
         .await?
         .remove(0);
+    if tail.ends_with(b"ARROW1") {
+        return Err(Error::shard(
+            &path,
+            "an Arrow IPC file: IPC shards are read from local paths only for now (Parquet \
+             from object stores)",
+        ));
+    }
     let bad = |e: parquet::errors::ParquetError| {
         Error::shard(&path, format!("not a readable Parquet file: {e}"))
     };
@@ -238,8 +286,7 @@ async fn read_remote_footer(
         let md = compat::fix_num_rows(compat::fix_column_chunks(md, None, &path)?);
         ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new()).map_err(bad)
     })?;
-    let rel = rel_path(&path, root);
-    shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
+    Ok((meta, footer_digest))
 }
 
 pub(crate) fn mtime_ns(meta: &std::fs::Metadata) -> u64 {
@@ -271,10 +318,10 @@ pub(crate) fn indexed_shard(
     size: u64,
     mtime_ns: u64,
     row_groups: Vec<RowGroupInfo>,
-    has_offset_index: bool,
+    format: Format,
     footer_digest: [u8; 16],
     schema_digest: [u8; 16],
-    file_id: (u64, u64),
+    file_id: Option<(u64, u64)>,
 ) -> Shard {
     Shard {
         path,
@@ -283,13 +330,12 @@ pub(crate) fn indexed_shard(
         num_rows: row_groups.iter().map(|r| r.num_rows).sum(),
         first_row: 0,
         row_groups,
-        has_offset_index,
+        format,
         footer_digest,
         mtime_ns,
-        file_id: Some(file_id),
+        file_id,
         schema_digest,
         schema: Arc::new(Schema::empty()), // set from its schema group's representative
-        meta: OnceLock::new(),
         object: None,
         roots: Vec::new(),
         reorder: Vec::new(),
@@ -301,7 +347,9 @@ pub(crate) fn indexed_shard(
 pub(crate) fn fill_schemas(shards: &mut [Shard]) -> Result<()> {
     let mut known: std::collections::HashMap<[u8; 16], SchemaRef> = Default::default();
     for s in shards.iter() {
-        if s.meta.get().is_some() {
+        // read from its footer, or given by the sidecar (checked against the digest there)
+        let parsed = matches!(&s.format, Format::Parquet { meta, .. } if meta.get().is_some());
+        if parsed || !s.schema.fields().is_empty() {
             known
                 .entry(s.schema_digest)
                 .or_insert_with(|| s.schema.clone());
@@ -311,7 +359,10 @@ pub(crate) fn fill_schemas(shards: &mut [Shard]) -> Result<()> {
         let schema = match known.get(&s.schema_digest) {
             Some(schema) => schema.clone(),
             None => {
-                let schema = s.reader_meta()?.schema().clone();
+                let schema = match s.format {
+                    Format::Parquet { .. } => s.reader_meta()?.schema().clone(),
+                    Format::Ipc(_) => ipc_schema(s)?,
+                };
                 if schema_digest(&schema) != s.schema_digest {
                     return Err(Error::shard(
                         &s.path,
@@ -331,10 +382,38 @@ pub(crate) fn fill_schemas(shards: &mut [Shard]) -> Result<()> {
     Ok(())
 }
 
+/// The schema of an IPC shard known from an entry without one (read from the file).
+fn ipc_schema(s: &Shard) -> Result<SchemaRef> {
+    if s.object.is_some() {
+        return Err(Error::shard(
+            &s.path,
+            format!("no schema recorded for this Arrow IPC shard: rerun `shardstream index` or delete {INDEX_FILE}"),
+        ));
+    }
+    let file = File::open(&s.path).map_err(|e| Error::io(&s.path, e))?;
+    let kind = sniff_file(&file, &s.path)?;
+    Ok(ipc::read_local(&file, &s.path, s.size, kind)?.schema)
+}
+
+/// What a local file's first bytes say it is.
+pub(crate) fn sniff_file(file: &File, path: &Path) -> Result<Sniffed> {
+    use std::os::unix::fs::FileExt;
+    let mut head = [0u8; 8];
+    let n = file.read_at(&mut head, 0).map_err(|e| Error::io(path, e))?;
+    Ok(ipc::sniff(&head[..n]))
+}
+
 fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
     let size = fs_meta.len();
+    let kind = sniff_file(&file, path)?;
+    if kind != Sniffed::Parquet {
+        let meta = ipc::read_local(&file, path, size, kind)?;
+        let mut shard = ipc_shard(path, rel_path(path, root), size, mtime_ns(&fs_meta), meta);
+        shard.file_id = Some(file_id(&fs_meta));
+        return Ok(shard);
+    }
     let meta = load_meta(&file, path)?;
     let footer_digest = footer_digest(&file, size).map_err(|e| Error::io(path, e))?;
     let mut shard = shard_from_meta(
@@ -348,6 +427,49 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     )?;
     shard.file_id = Some(file_id(&fs_meta));
     Ok(shard)
+}
+
+/// An IPC shard from its batch index: one unit per record batch.
+pub(crate) fn ipc_shard(
+    path: &Path,
+    rel_path: String,
+    size: u64,
+    mtime_ns: u64,
+    meta: ipc::IpcMeta,
+) -> Shard {
+    let mut first = 0;
+    let row_groups = meta
+        .rows
+        .iter()
+        .zip(&meta.index.batches)
+        .map(|(&n, b)| {
+            let rg = RowGroupInfo {
+                num_rows: n,
+                first_row: first,
+                byte_offset: b.offset,
+                compressed_bytes: b.range().end - b.offset,
+            };
+            first += n;
+            rg
+        })
+        .collect();
+    Shard {
+        path: path.to_path_buf(),
+        rel_path,
+        size,
+        num_rows: first,
+        first_row: 0,
+        row_groups,
+        format: Format::Ipc(Arc::new(meta.index)),
+        footer_digest: meta.digest,
+        mtime_ns,
+        file_id: None,
+        schema_digest: schema_digest(&meta.schema),
+        schema: meta.schema,
+        object: None,
+        roots: Vec::new(),
+        reorder: Vec::new(),
+    }
 }
 
 /// A shard from its parsed footer: row groups, row counts checked against the footer's total.
@@ -401,13 +523,15 @@ fn shard_from_meta(
         num_rows: rows,
         first_row: 0,
         row_groups,
-        has_offset_index,
+        format: Format::Parquet {
+            has_offset_index,
+            meta: OnceLock::from(meta),
+        },
         footer_digest,
         mtime_ns,
         file_id: None,
         schema_digest: schema_digest(&schema),
         schema,
-        meta: OnceLock::from(meta),
         object,
         roots: Vec::new(),
         reorder: Vec::new(),

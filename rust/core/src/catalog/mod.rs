@@ -14,6 +14,7 @@
 mod compat;
 mod fingerprint;
 mod footer;
+pub mod ipc;
 mod schema;
 pub mod sidecar;
 mod sources;
@@ -44,7 +45,22 @@ pub struct RowGroupInfo {
     pub compressed_bytes: u64,
 }
 
-/// One Parquet file.
+/// What a shard's units are and how they are read: the format-specific part of a [`Shard`].
+#[derive(Debug)]
+pub enum Format {
+    /// Units are non-empty row groups.
+    Parquet {
+        /// The file has an offset index: a piece can start at a page inside a row group.
+        has_offset_index: bool,
+        /// Parsed footer: read at open, or on first use for shards known from the sidecar.
+        meta: OnceLock<ArrowReaderMetadata>,
+    },
+    /// Arrow IPC file or stream: units are non-empty record batches.
+    Ipc(Arc<ipc::IpcIndex>),
+}
+
+/// One shard: a Parquet file or an Arrow IPC file or stream. `row_groups` are its units
+/// whatever the format (an IPC record batch is a row group here).
 #[derive(Debug)]
 pub struct Shard {
     pub path: PathBuf,
@@ -56,9 +72,10 @@ pub struct Shard {
     /// Global row id of this shard's first row (shards are numbered in path order).
     pub first_row: u64,
     pub row_groups: Vec<RowGroupInfo>,
-    pub has_offset_index: bool,
+    pub format: Format,
     /// SHA-256 (truncated) of the raw footer bytes: changes with almost any rewrite of the file
     /// (statistics, page offsets and sizes are in it), even one that keeps size and row counts.
+    /// For an IPC file its footer; for an IPC stream every message's metadata.
     pub footer_digest: [u8; 16],
     /// Modification time (ns since the epoch) when the footer was read: what the metadata
     /// sidecar is checked against (never part of the fingerprint: copies change it).
@@ -70,8 +87,6 @@ pub struct Shard {
     pub schema_digest: [u8; 16],
     /// The file's Arrow schema (from its footer, or from another shard with the same digest).
     pub(crate) schema: SchemaRef,
-    /// Parsed footer: read at open, or on first use for shards known from the sidecar.
-    meta: OnceLock<ArrowReaderMetadata>,
     /// Where a remote shard's bytes come from (`None`: a local file at `path`, which then
     /// holds the object's URL).
     pub(crate) object: Option<crate::store::Object>,
@@ -82,36 +97,76 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// True for a Parquet shard with an offset index (pieces may start inside a unit).
+    pub fn has_offset_index(&self) -> bool {
+        matches!(
+            self.format,
+            Format::Parquet {
+                has_offset_index: true,
+                ..
+            }
+        )
+    }
+
+    /// The batch index of an IPC shard (`None` for Parquet).
+    pub fn ipc(&self) -> Option<&Arc<ipc::IpcIndex>> {
+        match &self.format {
+            Format::Ipc(index) => Some(index),
+            Format::Parquet { .. } => None,
+        }
+    }
+
+    /// The parsed footer of a Parquet shard, read now if known only from the sidecar.
+    fn parquet_meta(&self) -> Result<&OnceLock<ArrowReaderMetadata>> {
+        match &self.format {
+            Format::Parquet { meta, .. } => Ok(meta),
+            Format::Ipc(_) => Err(Error::Internal(format!(
+                "{} is an Arrow IPC shard, not Parquet",
+                self.path.display()
+            ))),
+        }
+    }
+
     /// The parsed footer, read now if the catalog came from the sidecar. A file that no longer
     /// matches what the catalog recorded (size, footer bytes) is an error naming it: reading it
     /// would silently change the stream.
     pub(crate) fn reader_meta(&self) -> Result<&ArrowReaderMetadata> {
-        if let Some(m) = self.meta.get() {
+        let cell = self.parquet_meta()?;
+        if let Some(m) = cell.get() {
             return Ok(m);
         }
-        if self.object.is_some() {
-            // Remote footers are read when the catalog opens, never lazily.
-            return Err(Error::Internal(format!(
-                "footer of {} was not read",
-                self.path.display()
-            )));
+        let changed = |what: String| {
+            Error::shard(
+                &self.path,
+                format!(
+                    "changed since its metadata was indexed or the dataset opened ({what}): \
+                     rerun `shardstream index` or delete {}",
+                    sidecar::INDEX_FILE
+                ),
+            )
+        };
+        if let Some(obj) = &self.object {
+            // Fetched with If-Match on the ETag the entry was checked against.
+            let o = obj.clone();
+            let (meta, digest) = obj
+                .store
+                .run(move |client| footer::remote_meta(client, o))?;
+            if digest != self.footer_digest {
+                return Err(changed("footer differs".into()));
+            }
+            return Ok(cell.get_or_init(|| meta));
         }
         let file = std::fs::File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
         let size = file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
         let digest = footer::footer_digest(&file, size).map_err(|e| Error::io(&self.path, e))?;
         if size != self.size || digest != self.footer_digest {
-            return Err(Error::shard(
-                &self.path,
-                format!(
-                    "changed since its metadata was indexed (size {} -> {size} bytes or footer \
-                     differs): rerun `shardstream index` or delete {}",
-                    self.size,
-                    sidecar::INDEX_FILE
-                ),
-            ));
+            return Err(changed(format!(
+                "size {} -> {size} bytes or footer differs",
+                self.size
+            )));
         }
         let meta = shard_guard(&self.path, || footer::load_meta(&file, &self.path))?;
-        Ok(self.meta.get_or_init(|| meta))
+        Ok(cell.get_or_init(|| meta))
     }
 
     /// Fails with an error naming this local shard if `file` (just opened at its path) is not
@@ -179,7 +234,7 @@ impl Catalog {
         storage_options: &BTreeMap<String, String>,
     ) -> Result<Self> {
         let remote = sources.iter().filter(|s| crate::store::is_url(s)).count();
-        let (root, mut shards, stores) = if remote == 0 {
+        let (root, shards, stores) = if remote == 0 {
             if !storage_options.is_empty() {
                 return Err(Error::Config(
                     "storage_options only apply to URL sources (s3://, gs://, az://, https://, \
@@ -192,7 +247,7 @@ impl Catalog {
             let shards = sidecar::open_shards(&paths, &root)?;
             (root, shards, Vec::new())
         } else if remote == sources.len() {
-            footer::open_remote(sources, storage_options)?
+            sidecar::open_remote(footer::resolve_remote(sources, storage_options)?)?
         } else {
             return Err(Error::Config(
                 "sources mix URLs and local paths: use file:///abs/path URLs for the local ones \
@@ -200,6 +255,17 @@ impl Catalog {
                     .into(),
             ));
         };
+        Self::assemble(root, shards, stores, columns)
+    }
+
+    /// The catalog of `shards` (footers read or known from a sidecar, schemas set): row
+    /// numbering, projection and fingerprint.
+    fn assemble(
+        root: PathBuf,
+        mut shards: Vec<Shard>,
+        stores: Vec<Arc<Store>>,
+        columns: Option<&[String]>,
+    ) -> Result<Self> {
         let mut first_row = 0u64;
         for shard in &mut shards {
             shard.first_row = first_row;
@@ -216,6 +282,18 @@ impl Catalog {
             units: OnceLock::new(),
             stores,
         })
+    }
+
+    /// This catalog as JSON, to reopen it elsewhere with [`Catalog::from_snapshot`] (how a
+    /// spawned DataLoader worker gets its parent's catalog).
+    pub fn snapshot(&self) -> Result<Vec<u8>> {
+        sidecar::snapshot(self)
+    }
+
+    /// A catalog from [`Catalog::snapshot`]'s JSON: no listing, no stat, no footer read until
+    /// a shard is first used (then checked against the recorded digest).
+    pub fn from_snapshot(data: &[u8], storage_options: &BTreeMap<String, String>) -> Result<Self> {
+        sidecar::from_snapshot(data, storage_options)
     }
 
     /// True when the shards come from object stores.

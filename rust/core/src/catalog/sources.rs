@@ -24,6 +24,69 @@ fn is_hidden(name: &std::ffi::OsStr) -> bool {
     b.first().is_some_and(|&c| c == b'.' || c == b'_')
 }
 
+/// File extensions a directory walk reads: Parquet and Arrow IPC (file and stream) shards.
+/// Which format a file is, is decided by its magic bytes, not by this.
+pub const SHARD_EXTENSIONS: [&str; 5] = ["parquet", "arrow", "feather", "arrows", "ipc"];
+
+fn is_shard_name(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| SHARD_EXTENSIONS.iter().any(|x| e == *x))
+}
+
+/// An HF `datasets` `save_to_disk` directory (`state.json` listing `_data_files`): its data
+/// files in the order `state.json` lists them (the order `load_from_disk` reads them in).
+/// `None` for any other directory.
+pub fn hf_data_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
+    let state = dir.join("state.json");
+    let text = match std::fs::read(&state) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&state, e)),
+    };
+    let bad = |what: String| {
+        Error::Config(format!(
+            "{}: not an HF datasets state.json ({what})",
+            state.display()
+        ))
+    };
+    let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    let Some(files) = v.get("_data_files") else {
+        return Ok(None);
+    };
+    let files = files
+        .as_array()
+        .ok_or_else(|| bad("_data_files is not a list".into()))?;
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        let name = f
+            .get("filename")
+            .and_then(|n| n.as_str())
+            .ok_or_else(|| bad("an entry of _data_files has no filename".into()))?;
+        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
+            return Err(bad(format!(
+                "data file name {name:?} is not a plain file name"
+            )));
+        }
+        let p = dir.join(name);
+        if !p.is_file() {
+            return Err(Error::NotFound {
+                path: p.display().to_string(),
+                what: format!("listed in {} but missing", state.display()),
+            });
+        }
+        out.push(absolute(&p)?);
+    }
+    if v.get("_indices_data_files")
+        .and_then(|x| x.as_array())
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Err(bad(
+            "it has an indices mapping: save it with flatten_indices() first".into(),
+        ));
+    }
+    Ok(Some(out))
+}
+
 /// Expand files, directories (every `*.parquet` below, recursively) and globs into a sorted,
 /// de-duplicated list of absolute file paths. Anything that names nothing is an error naming it.
 pub fn resolve_sources(sources: &[String]) -> Result<Vec<PathBuf>> {
@@ -31,6 +94,21 @@ pub fn resolve_sources(sources: &[String]) -> Result<Vec<PathBuf>> {
         return Err(Error::Config(
             "no source given: pass a file, directory or glob".into(),
         ));
+    }
+    // One HF `datasets` directory: its files in state.json's order, not sorted.
+    if let [one] = sources {
+        let p = Path::new(one);
+        if p.is_dir() {
+            if let Some(files) = hf_data_files(p)? {
+                if files.is_empty() {
+                    return Err(Error::NotFound {
+                        path: one.clone(),
+                        what: "state.json lists no data files".into(),
+                    });
+                }
+                return Ok(files);
+            }
+        }
     }
     let mut out = BTreeSet::new();
     for src in sources {
@@ -62,12 +140,16 @@ pub fn resolve_sources(sources: &[String]) -> Result<Vec<PathBuf>> {
         } else {
             match target_kind(p)? {
                 Kind::Dir => {
-                    walk_dir(p, &mut out)?;
+                    match hf_data_files(p)? {
+                        Some(files) => out.extend(files),
+                        None => walk_dir(p, &mut out)?,
+                    }
                     if out.len() == before {
                         return Err(Error::NotFound {
                             path: src.clone(),
-                            what: "no *.parquet files under the directory (names starting with \
-                                   '.' or '_' are skipped)"
+                            what: "no *.parquet, *.arrow, *.feather, *.arrows or *.ipc files \
+                                   under the directory (names starting with '.' or '_' are \
+                                   skipped)"
                                 .into(),
                         });
                     }
@@ -213,7 +295,7 @@ fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>, ancestors: &mut Vec<(u64, u64)>
     for entry in entries {
         let path = entry.path();
         let ft = entry.file_type().map_err(|e| Error::io(&path, e))?;
-        let is_parquet = path.extension().is_some_and(|e| e == "parquet");
+        let is_parquet = is_shard_name(&path);
         if ft.is_dir() {
             let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
             ancestors.push(dir_id(&meta));

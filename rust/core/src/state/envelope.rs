@@ -3,8 +3,10 @@
 //! A state is a tree of stage states. Every node is a dict with its own `format` (which stage
 //! wrote it) and `version`, so a stage added later (a mixture of sources, a packer) wraps or
 //! lists the states of the stages it reads without touching their records, and each stage
-//! evolves its own version. Today there is one stage, the stream of one source
-//! (`shardstream.ParquetStream`, version 2); docs/state-format.md describes every field.
+//! evolves its own version. Two stages today: the stream of one source
+//! (`shardstream.ParquetStream`, version 2), and a mixture of named sources
+//! (`shardstream.Mixture`, version 1, `state/mixture.rs`) whose `sources` are stream states;
+//! docs/state-format.md describes every field.
 //!
 //! Parsing is strict: a missing or unknown field, a wrong type or an out-of-range number is a
 //! [`Error::State`] naming the field as a path (`state['position']['cursor']`). What the fields
@@ -15,6 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+use super::mixture::{MixtureState, MIXTURE_FORMAT};
 use super::{ids_from_base64, Seek, SlotState};
 use crate::catalog::Fingerprint;
 use crate::error::{Error, Result};
@@ -28,7 +31,9 @@ pub const STREAM_VERSION: u64 = 2;
 
 /// A field that must be present even when its value is `null` (serde would default a missing
 /// `Option` to `None`; a state missing `slot` is truncated, not "not started").
-fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+pub(crate) fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
     Option::<T>::deserialize(d)
 }
 
@@ -72,6 +77,9 @@ pub struct SettingsRecord {
     pub drop_last: bool,
     #[serde(deserialize_with = "required")]
     pub epochs: Option<u64>,
+    /// Packing (`pack/`); absent for a stream that does not pack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<crate::pack::PackSettings>,
     #[serde(deserialize_with = "required")]
     pub even: Option<String>,
 }
@@ -99,6 +107,9 @@ pub struct PositionRecord {
     /// Informational, checked against the position on load; absent in some older states.
     #[serde(default)]
     pub seek: Option<Seek>,
+    /// The packer's pending documents (`state/pack.rs`); absent for a stream that does not pack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<super::pack::PackRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,6 +135,9 @@ pub struct SkipRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Node {
     Stream(Box<StreamState>),
+    /// A map-style dataset's sampler (`state/sampler.rs`).
+    Sampler(Box<super::sampler::SamplerState>),
+    Mixture(Box<MixtureState>),
 }
 
 /// Parse one node of a saved state, dispatching on its `format`. `what` names it in errors.
@@ -136,6 +150,10 @@ pub fn parse_node(v: Value, what: &str) -> Result<Node> {
     };
     match map.get("format").and_then(Value::as_str) {
         Some(STREAM_FORMAT) => Ok(Node::Stream(Box::new(StreamState::parse(v, what)?))),
+        Some(super::sampler::SAMPLER_FORMAT) => Ok(Node::Sampler(Box::new(
+            super::sampler::SamplerState::parse(v, what)?,
+        ))),
+        Some(MIXTURE_FORMAT) => Ok(Node::Mixture(Box::new(MixtureState::parse(v, what)?))),
         _ => Err(Error::State(format!(
             "not a shardstream ParquetStream state (format={})",
             py_repr(map.get("format").unwrap_or(&Value::Null))
@@ -147,6 +165,14 @@ pub fn parse_node(v: Value, what: &str) -> Result<Node> {
 pub fn parse_stream(v: Value, what: &str) -> Result<StreamState> {
     match parse_node(v, what)? {
         Node::Stream(st) => Ok(*st),
+        Node::Sampler(_) => Err(Error::State(format!(
+            "not a shardstream ParquetStream state (format='{}')",
+            super::sampler::SAMPLER_FORMAT
+        ))),
+        Node::Mixture(_) => Err(Error::State(format!(
+            "{what} is a {MIXTURE_FORMAT} state, not a ParquetStream's: load it into the \
+             Mixture that saved it"
+        ))),
     }
 }
 
@@ -295,6 +321,7 @@ impl SettingsRecord {
             batch_size: s.batch_size,
             drop_last: s.drop_last,
             epochs: s.epochs,
+            pack: s.pack.clone(),
             even: match s.even {
                 Even::Off => None,
                 e => Some(e.name().to_string()),
@@ -308,12 +335,14 @@ impl SettingsRecord {
         let (Value::Object(a), Value::Object(b)) = (a, b) else {
             return Vec::new();
         };
-        a.iter()
-            .filter(|(k, v)| b.get(*k) != Some(*v))
-            .map(|(k, v)| {
+        // Keys of either side, in the state's order: `pack` is absent when a stream does not pack.
+        a.keys()
+            .chain(b.keys().filter(|k| !a.contains_key(*k)))
+            .filter(|k| a.get(*k) != b.get(*k))
+            .map(|k| {
                 format!(
                     "{k}: state has {}, dataset has {}",
-                    py_repr(v),
+                    py_repr(a.get(k).unwrap_or(&Value::Null)),
                     py_repr(b.get(k).unwrap_or(&Value::Null))
                 )
             })
@@ -345,6 +374,7 @@ impl PositionRecord {
                 })
                 .collect(),
             seek,
+            pack: st.pack.as_deref().map(super::pack::PackRecord::of),
         }
     }
 
@@ -372,6 +402,11 @@ impl PositionRecord {
             rng_word_pos: u128::from(self.rng_word_pos),
             buffer: ids_from_base64(&self.buffer, &format!("{what}['buffer']"))?,
             specs,
+            pack: self
+                .pack
+                .as_ref()
+                .map(|p| p.refs(&format!("{what}['pack']")))
+                .transpose()?,
         })
     }
 }
@@ -403,7 +438,7 @@ fn check_skips(records: &[SkipRecord], what: &str) -> Result<()> {
 }
 
 /// Deserialize `v` into `T`; an error names the field's path under `what`.
-fn from_value<T: DeserializeOwned>(v: Value, what: &str) -> Result<T> {
+pub(crate) fn from_value<T: DeserializeOwned>(v: Value, what: &str) -> Result<T> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let mut at = what.to_string();
         for seg in e.path().iter() {
@@ -513,6 +548,7 @@ mod tests {
             drop_last: false,
             epochs: Some(1),
             even: Even::Off,
+            pack: None,
         });
         let mut b = a.clone();
         b.even = Some("drop".into());

@@ -13,6 +13,9 @@
 
 mod codec;
 pub mod envelope;
+pub mod mixture;
+pub mod pack;
+pub mod sampler;
 
 pub use codec::{ids_from_base64, ids_to_base64, Base64Cache};
 
@@ -58,6 +61,8 @@ pub struct SlotState {
     pub buffer: Vec<u64>,
     /// Non-standard specs of this and later epochs, by epoch (only after an elastic resume).
     pub specs: Vec<(u64, SlotSpec)>,
+    /// With packing: the packer's pending documents (rows this slot already emitted).
+    pub pack: Option<Vec<pack::DocRef>>,
 }
 
 impl SlotState {
@@ -69,6 +74,7 @@ impl SlotState {
             rng_word_pos: 0,
             buffer: Vec::new(),
             specs: Vec::new(),
+            pack: None,
         }
     }
 

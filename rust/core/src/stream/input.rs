@@ -14,8 +14,10 @@ use crate::reader::SegmentReader;
 use crate::settings::StreamOptions;
 use crate::shuffle::RowSource;
 
-/// Rows in the first readahead piece of a (re)started input: small, so the first batch after a
-/// resume does not wait for a whole piece to decode.
+/// Rows in the first piece of a (re)started input; the pieces after it double up to
+/// `piece_rows` (`Segments::with_ramp`): the first batch after a resume waits for a small fetch
+/// and decode, and the readahead threads started beside it fetch small pieces too, not a whole
+/// piece each.
 const FIRST_PIECE_ROWS: u64 = 1024;
 
 /// Largest piece of a remote shard whatever `piece_rows` says: a piece's pages are downloaded
@@ -65,7 +67,7 @@ impl Input {
             // the first batch after a resume waits for (and reads) a small piece, not the rest
             // of a row group. Shards without an offset index stay whole (read page by page).
             let segments =
-                Segments::new(plan.clone(), ranges, piece_rows).with_first_len(FIRST_PIECE_ROWS);
+                Segments::new(plan.clone(), ranges, piece_rows).with_ramp(FIRST_PIECE_ROWS);
             Source::Sync {
                 segments: Pieces::new(catalog.clone(), segments),
                 reader: None,
@@ -73,7 +75,7 @@ impl Input {
         } else {
             Source::NotStarted(Pieces::new(
                 catalog.clone(),
-                Segments::new(plan.clone(), ranges, piece_rows).with_first_len(FIRST_PIECE_ROWS),
+                Segments::new(plan.clone(), ranges, piece_rows).with_ramp(FIRST_PIECE_ROWS),
             ))
         };
         Input {

@@ -27,6 +27,15 @@ impl Stream {
         let opts = StreamOptions::new(settings, tuning, resume.first_epoch(), layout.even, threads);
         let position = resume.position(&catalog, settings, layout)?;
         let mut s = Stream::new(catalog, opts, layout.slot)?;
+        if let Some(cfg) = &settings.pack {
+            let pending = position.as_ref().and_then(|st| st.pack.clone());
+            s.pack = Some(crate::pack::Packer::new(
+                cfg.clone(),
+                s.catalog.schema(),
+                pending,
+            )?);
+            s.track_ids = true;
+        }
         if let Some(st) = position {
             let plan = s.plan_for(st.epoch);
             s.apply(plan, &st);
@@ -42,6 +51,9 @@ impl Stream {
     /// `drop_last`), or in row mode a chunk of rows (cut where a replayed skip starts); `None` at
     /// the end of the pass. Recorded skips due at the current position are applied first.
     pub fn next_item(&mut self) -> Result<Option<RecordBatch>> {
+        if self.pack.is_some() {
+            return self.next_packed();
+        }
         loop {
             let room = if self.replay.is_empty() {
                 None
@@ -111,6 +123,14 @@ impl Stream {
     pub fn skip_items(&mut self, n: u64, within: Option<usize>) -> Result<()> {
         if n == 0 {
             return Ok(());
+        }
+        if self.pack.is_some() {
+            // Which rows a packed row holds depends on the tokens: nothing to skip without reading.
+            return Err(Error::Config(
+                "skip() is not available with packing (packed rows depend on the documents' \
+                 lengths, so they cannot be passed over without reading them)"
+                    .into(),
+            ));
         }
         if let Some(k) = within {
             let st = self.state_within_batch(k)?;

@@ -13,6 +13,7 @@
 
 mod input;
 mod items;
+mod packed;
 pub use items::skip_state;
 mod slab;
 
@@ -62,6 +63,11 @@ pub struct Stream {
     replay: SkipLog,
     /// `next_item` returned the end of the pass.
     ended: bool,
+    /// Packing (`pack/`): the packer, fed by `next_batch`.
+    pub(crate) pack: Option<crate::pack::Packer>,
+    /// Global row ids of the last `next_batch`, kept while packing (`track_ids`).
+    ids: Vec<u64>,
+    track_ids: bool,
 }
 
 impl Stream {
@@ -87,6 +93,7 @@ impl Stream {
             drop_last: false,
             epochs: opts.epochs,
             even: opts.even,
+            pack: None,
         };
         Ok(Stream {
             epoch: opts.first_epoch,
@@ -109,6 +116,9 @@ impl Stream {
             skips: SkipLog::default(),
             replay: SkipLog::default(),
             ended: false,
+            pack: None,
+            ids: Vec::new(),
+            track_ids: false,
         })
     }
 
@@ -174,6 +184,63 @@ impl Stream {
         (self.epoch, self.emitted)
     }
 
+    /// Rows this stream can still emit before epoch `until` (and its own end), nothing read;
+    /// `u64::MAX` when that is unbounded (an endless pass with rows in every epoch).
+    pub fn rows_ahead(&self, until: Option<u64>) -> u64 {
+        let end = match (until, self.end_epoch()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if end.is_some_and(|e| self.epoch >= e) {
+            return 0;
+        }
+        let mut n = self.spec.output_len() - self.emitted;
+        let after = self.epoch + 1;
+        // Epochs with their own spec (after an elastic resume), then standard ones.
+        let special: Vec<&(u64, SlotSpec)> = self
+            .specs
+            .iter()
+            .filter(|(e, _)| *e >= after && end.is_none_or(|x| *e < x))
+            .collect();
+        n = special
+            .iter()
+            .fold(n, |n, (_, s)| n.saturating_add(s.output_len()));
+        let per = self.standard_spec().output_len();
+        match end {
+            None if per > 0 => u64::MAX,
+            None => n,
+            Some(e) => {
+                let standard = e.saturating_sub(after) - special.len() as u64;
+                n.saturating_add(per.saturating_mul(standard))
+            }
+        }
+    }
+
+    /// Rows the next `next_batch` calls return before an epoch ends: the rest of this epoch,
+    /// or at its end all of the next epoch that has rows (nothing read).
+    pub fn rows_before_epoch_end(&self) -> u64 {
+        let left = self.spec.output_len() - self.emitted;
+        if left > 0 {
+            return left;
+        }
+        // As next_batch moves on: epoch by epoch, until one has rows or none can.
+        let end = self.end_epoch();
+        let mut e = self.epoch + 1;
+        loop {
+            if end.is_some_and(|x| e >= x) {
+                return 0;
+            }
+            let n = self.spec_of(&self.specs, e).output_len();
+            if n > 0 {
+                return n;
+            }
+            if self.standard_spec().output_len() == 0 && self.specs.iter().all(|(x, _)| *x <= e) {
+                return 0;
+            }
+            e += 1;
+        }
+    }
+
     /// The position after the last emitted row.
     pub fn state(&self) -> SlotState {
         SlotState {
@@ -206,6 +273,7 @@ impl Stream {
             rng_word_pos: self.rng.word_pos(),
             buffer: Vec::new(),
             specs: self.specs.clone(),
+            pack: self.pack.as_ref().map(|p| p.refs()),
         }
     }
 
@@ -266,6 +334,9 @@ impl Stream {
         self.buffer.rows = st.buffer.clone();
         self.buffer.data = vec![Loc::default(); st.buffer.len()];
         self.batch_start = None;
+        if let Some(p) = &mut self.pack {
+            p.reset(st.pack.clone());
+        }
     }
 
     /// `st` moved forward by `k` output rows (within its epoch), computed on row ids alone.
@@ -429,14 +500,22 @@ impl Stream {
     fn next_plain(&mut self, max_rows: usize) -> Result<RecordBatch> {
         let want = (max_rows as u64).min(self.spec.output_len() - self.emitted) as usize;
         let schema = self.catalog.schema().clone();
+        let track = self.track_ids;
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
         let data = self.data_side()?;
         let mut parts = Vec::new();
         let mut got = 0;
         while got < want {
             let part = data.input.take(want - got)?;
             got += part.num_rows();
+            if track {
+                let first = data.input.first_row + (data.input.offset - part.num_rows()) as u64;
+                ids.extend(first..first + part.num_rows() as u64);
+            }
             parts.push(part);
         }
+        self.ids = ids;
         self.cursor += got as u64;
         self.emitted += got as u64;
         if parts.len() == 1 {
@@ -457,6 +536,8 @@ impl Stream {
             input: &mut data.input,
             slab: &mut data.slab,
         };
+        let track = self.track_ids;
+        self.ids.clear();
         while picks.len() < max_rows {
             match self.buffer.step(
                 &mut self.rng,
@@ -465,7 +546,12 @@ impl Stream {
                 len,
                 &mut self.emitted,
             )? {
-                Some((_, loc)) => picks.push(loc),
+                Some((id, loc)) => {
+                    if track {
+                        self.ids.push(id);
+                    }
+                    picks.push(loc)
+                }
                 None => break,
             }
         }

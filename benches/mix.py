@@ -1,0 +1,391 @@
+"""Mixture benchmarks (issue #16), side by side in one run.
+
+(a) The mixer's overhead: a ``Mixture`` of K sources (weights proportional to their sizes,
+    every source read once: ``on_exhausted="drop"``) against one ``ParquetStream`` over the
+    same shards, same batch size and output; rows/s and rows per CPU-second, K = 3 and 8,
+    mixed batches and by-source batches. Target: < 5% slower.
+(b) Resume time vs position: ``load_state_dict`` + first batch at 1% / 50% / 99% of the
+    mixture (flat: nothing before the position is read).
+(c) State size vs number of sources (pickled ``state_dict()``, no shuffle buffer).
+(d) HF ``datasets.interleave_datasets`` (streaming, same shards and probabilities), if it runs:
+    rows/s, and whether its resume is exact: rows lost / duplicated after
+    ``state_dict()``/``load_state_dict()`` mid-stream, with and without a shuffle buffer.
+
+Every figure is the median (min–max) of ``--runs`` fresh processes (forked from a server that
+imported the libraries once; ``benchlib.run_forked``), run interleaved, with the 1-minute load
+beside it. ``python benches/mix.py [--rows N] [--runs R] [--quick] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import benchlib  # noqa: E402
+
+PRELOAD = ["pyarrow", "pyarrow.parquet", "numpy", "torch", "shardstream", "datasets"]
+
+
+# ------------------------------------------------------------------ data
+
+
+def make_data(root: str, rows: int, k: int) -> list[str]:
+    """K source directories with uneven sizes (1..K parts of ``rows``), [id, tokens]."""
+    from shardstream import datagen
+
+    parts = [i + 1 for i in range(k)]
+    dirs = []
+    start = 0
+    for i, p in enumerate(parts):
+        n = rows * p // sum(parts)
+        d = os.path.join(root, f"rows{rows}-k{k}", f"src{i}")  # never reuse other sizes
+        if not os.path.isdir(d):
+            datagen.write_shards(
+                d,
+                num_shards=2,
+                rows_per_shard=n // 2,
+                row_group_size=8192,
+                tokens_len=(16, 128),
+                start_id=start,
+                seed=i,
+            )
+        start += n
+        dirs.append(d)
+    return dirs
+
+
+def shards(dirs: list[str]) -> list[str]:
+    return sorted(os.path.join(d, f) for d in dirs for f in os.listdir(d) if f.endswith(".parquet"))
+
+
+def mixture(dirs: list[str], spec: dict[str, Any]) -> Any:
+    import pyarrow.parquet as pq
+    from shardstream import Mixture, ParquetStream
+
+    names = [f"s{i}" for i in range(len(dirs))]
+    sizes = {
+        n: sum(pq.ParquetFile(p).metadata.num_rows for p in shards([d]))
+        for n, d in zip(names, dirs, strict=True)
+    }
+    src = {
+        n: ParquetStream(
+            d,
+            columns=["id", "tokens"],
+            shuffle_buffer=spec.get("shuffle", 0),
+            seed=i,
+            readahead_threads=spec.get("threads"),
+        )
+        for i, (n, d) in enumerate(zip(names, dirs, strict=True))
+    }
+    return Mixture(
+        src,
+        weights=sizes,
+        on_exhausted="drop",
+        batch_size=spec["batch"],
+        output=spec["output"],
+        combine=spec.get("combine", "mixed"),
+    )
+
+
+def single(dirs: list[str], spec: dict[str, Any]) -> Any:
+    from shardstream import ParquetStream
+
+    return ParquetStream(
+        shards(dirs),
+        columns=["id", "tokens"],
+        batch_size=spec["batch"],
+        shuffle_buffer=spec.get("shuffle", 0),
+        output=spec["output"],
+        readahead_threads=spec.get("threads"),
+    )
+
+
+def _count(item: Any) -> int:
+    import pyarrow as pa
+
+    if isinstance(item, pa.RecordBatch):
+        return item.num_rows
+    if "id" in item:
+        return len(item["id"])
+    return sum(len(v["id"]) for v in item.values())  # by_source
+
+
+# ------------------------------------------------------------------ children
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    from shardstream.cli.bench import time_resume, timed_passes
+
+    kind = spec["kind"]
+    dirs = spec["dirs"]
+    if kind in ("mix", "single"):
+        make = mixture if kind == "mix" else single
+        r = timed_passes(lambda: make(dirs, spec), count=_count)
+        return {
+            "rate": r["rows"] / r["seconds"],
+            "cpu_rate": r["rows"] / r["cpu_seconds"],
+            "rows": r["rows"],
+        }
+    if kind == "resume":
+        ds = mixture(dirs, spec)
+        it = iter(ds)
+        for _ in range(spec["at"]):
+            next(it)
+        state = ds.state_dict()
+        _, seconds, first = time_resume(lambda: mixture(dirs, spec), state)
+        return {"ms": seconds * 1e3}
+    if kind == "size":
+        ds = mixture(dirs, spec)
+        it = iter(ds)
+        for _ in range(spec["at"]):
+            next(it)
+        return {"bytes": len(pickle.dumps(ds.state_dict()))}
+    if kind in ("hf", "hf-resume"):
+        return hf(spec)
+    raise ValueError(kind)
+
+
+def hf_stream(dirs: list[str], spec: dict[str, Any]) -> Any:
+    import datasets
+    import pyarrow.parquet as pq
+
+    datasets.disable_progress_bars()
+    parts = []
+    sizes = []
+    for d in dirs:
+        files = shards([d])
+        sizes.append(sum(pq.ParquetFile(p).metadata.num_rows for p in files))
+        ds = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+        parts.append(ds.select_columns(["id", "tokens"]))
+    mixed = datasets.interleave_datasets(
+        parts,
+        probabilities=[s / sum(sizes) for s in sizes],
+        seed=0,
+        stopping_strategy="all_exhausted",
+    )
+    if spec.get("shuffle"):
+        mixed = mixed.shuffle(seed=0, buffer_size=spec["shuffle"])
+    return mixed
+
+
+def hf(spec: dict[str, Any]) -> dict[str, Any]:
+    dirs = spec["dirs"]
+    if spec["kind"] == "hf":
+        t0, c0 = time.perf_counter(), time.process_time()
+        stream = hf_stream(dirs, spec).with_format("arrow")  # pyarrow tables, as output="arrow"
+        n = sum(len(b["id"]) for b in stream.iter(batch_size=spec["batch"]))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return {"rate": n / wall, "cpu_rate": n / cpu, "rows": n}
+    # Resume: take `at` rows, save, read the rest; a fresh stream loads the state and reads
+    # to its end. Lost = rest - resumed, duplicated = resumed - rest (as multisets of ids).
+    ds = hf_stream(dirs, spec)
+    it = iter(ds)
+    for _ in range(spec["at"]):
+        next(it)
+    state = ds.state_dict()
+    rest = Counter(x["id"] for x in it)
+    ds2 = hf_stream(dirs, spec)
+    ds2.load_state_dict(state)
+    resumed = Counter(x["id"] for x in ds2)
+    return {
+        "lost": sum((rest - resumed).values()),
+        "duplicated": sum((resumed - rest).values()),
+        "rest": sum(rest.values()),
+    }
+
+
+def mix_exact(dirs: list[str], spec: dict[str, Any]) -> dict[str, Any]:
+    """The same resume check on a Mixture (rows)."""
+    ds = mixture(dirs, {**spec, "batch": None, "output": "python"})
+    it = iter(ds)
+    for _ in range(spec["at"]):
+        next(it)
+    state = ds.state_dict()
+    rest = Counter(x["id"] for x in it)
+    ds2 = mixture(dirs, {**spec, "batch": None, "output": "python"})
+    ds2.load_state_dict(state)
+    resumed = Counter(x["id"] for x in ds2)
+    return {
+        "lost": sum((rest - resumed).values()),
+        "duplicated": sum((resumed - rest).values()),
+        "rest": sum(rest.values()),
+    }
+
+
+# ------------------------------------------------------------------ parent
+
+
+def runs_of(specs: list[dict[str, Any]], runs: int) -> list[list[dict[str, Any]]]:
+    """Every spec ``runs`` times, interleaved (spec 1, spec 2, ..., spec 1, ...)."""
+    out: list[list[dict[str, Any]]] = [[] for _ in specs]
+    for _ in range(runs):
+        for i, s in enumerate(specs):
+            out[i].append(benchlib.run_forked(child, s, PRELOAD))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=400_000, help="rows over all sources")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--data", default=None, help="directory for the data (default: a temp dir)")
+    p.add_argument("--quick", action="store_true", help="40k rows, 1 run, K=3 only")
+    p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if args.quick:
+        args.rows, args.runs = 40_000, 1
+    root = args.data or tempfile.mkdtemp(prefix="shardstream-mix-bench-")
+    ks = [3] if args.quick else [3, 8]
+    results: dict[str, Any] = {
+        "rows": args.rows,
+        "batch": args.batch,
+        "load_start": benchlib.load1(),
+    }
+    print(
+        f"# mixture benchmarks: {args.rows:,} rows, batch {args.batch}, {args.runs} run(s) each, "
+        f"1-min load at start {results['load_start']:.1f} (cpus {os.cpu_count()})"
+    )
+
+    # (a) overhead
+    table = []
+    for k in ks:
+        dirs = make_data(root, args.rows, k)
+        for output, combine, shuffle in (
+            ("arrow", "mixed", 0),
+            ("torch", "mixed", 0),
+            ("torch", "by_source", 0),
+            ("arrow", "mixed", 1000),
+        ):
+            base = dict(dirs=dirs, batch=args.batch, output=output, shuffle=shuffle)
+            specs = [dict(base, kind="single"), dict(base, kind="mix", combine=combine)]
+            one, mixed = runs_of(specs, args.runs)
+            assert {r["rows"] for r in one} == {r["rows"] for r in mixed}, (one, mixed)
+            ratio = [m["rate"] / o["rate"] for m, o in zip(mixed, one, strict=True)]
+            cpu_ratio = [m["cpu_rate"] / o["cpu_rate"] for m, o in zip(mixed, one, strict=True)]
+            table.append(
+                [
+                    f"K={k} {output} {combine}" + (f" shuffle {shuffle}" if shuffle else ""),
+                    benchlib.with_spread([r["rate"] for r in mixed], benchlib.mrows),
+                    benchlib.with_spread([r["rate"] for r in one], benchlib.mrows),
+                    benchlib.with_spread(ratio, lambda x: f"{x:.3f}"),
+                    benchlib.with_spread(cpu_ratio, lambda x: f"{x:.3f}"),
+                    benchlib.load_range(mixed + one),
+                ]
+            )
+            results.setdefault("overhead", []).append(
+                {
+                    "k": k,
+                    "output": output,
+                    "combine": combine,
+                    "shuffle": shuffle,
+                    "mix": mixed,
+                    "single": one,
+                }
+            )
+    benchlib.print_table(
+        table,
+        (
+            "workload",
+            "Mixture M rows/s",
+            "one ParquetStream M rows/s (same run)",
+            "ratio (wall)",
+            "ratio (CPU)",
+            "load",
+        ),
+        "(a) mixer overhead: a Mixture of K sources vs one stream over the same shards",
+    )
+
+    # (b) resume time vs position
+    dirs = make_data(root, args.rows, 3)
+    n_batches = args.rows // args.batch
+    table = []
+    for frac in (0.01, 0.5, 0.99):
+        at = max(1, int(n_batches * frac))
+        spec = dict(kind="resume", dirs=dirs, batch=args.batch, output="arrow", at=at)
+        (r,) = runs_of([spec], args.runs)
+        table.append(
+            [
+                f"{frac:.0%} ({at} batches)",
+                benchlib.with_spread([x["ms"] for x in r], lambda v: f"{v:.1f}"),
+                benchlib.load_range(r),
+            ]
+        )
+        results.setdefault("resume", []).append({"at": at, "runs": r})
+    benchlib.print_table(
+        table,
+        ("position", "load_state_dict + first batch (ms)", "load"),
+        "(b) resume time vs position (K=3)",
+    )
+
+    # (c) state size vs sources
+    table = []
+    for k in (1, 2, 4, 8, 16):
+        d = make_data(root, max(args.rows // 10, 2000 * k), k)
+        spec = dict(kind="size", dirs=d, batch=16, output="arrow", at=5)
+        (r,) = runs_of([spec], 1)
+        table.append([str(k), f"{r[0]['bytes']:,}"])
+        results.setdefault("size", []).append({"k": k, "bytes": r[0]["bytes"]})
+    benchlib.print_table(
+        table,
+        ("sources", "pickled state_dict() bytes"),
+        "(c) state size vs number of sources (no shuffle buffer)",
+    )
+
+    # (d) HF interleave_datasets
+    if not args.no_hf:
+        table = []
+        base = dict(dirs=dirs, batch=args.batch, output="arrow")
+        try:
+            hf_runs, mix_runs = runs_of([dict(base, kind="hf"), dict(base, kind="mix")], args.runs)
+        except RuntimeError as e:
+            print(f"\n(d) HF interleave_datasets did not run: {e}")
+        else:
+            ratio = [m["rate"] / h["rate"] for m, h in zip(mix_runs, hf_runs, strict=True)]
+            table.append(
+                [
+                    "rows/s (M)",
+                    benchlib.with_spread([r["rate"] for r in mix_runs], benchlib.mrows),
+                    benchlib.with_spread([r["rate"] for r in hf_runs], benchlib.mrows),
+                    benchlib.with_spread(ratio, lambda x: f"{x:.1f}x"),
+                    benchlib.load_range(hf_runs + mix_runs),
+                ]
+            )
+            at = args.rows // 3
+            for shuffle in (0, 1000):
+                spec = dict(base, kind="hf-resume", at=at, shuffle=shuffle)
+                h = benchlib.run_forked(child, spec, PRELOAD)
+                m = mix_exact(dirs, dict(spec, shuffle=shuffle))
+                table.append(
+                    [
+                        f"resume at row {at:,}" + (f", shuffle {shuffle}" if shuffle else ""),
+                        f"lost {m['lost']}, duplicated {m['duplicated']} of {m['rest']:,}",
+                        f"lost {h['lost']}, duplicated {h['duplicated']} of {h['rest']:,}",
+                        "",
+                        f"{h['load']:.1f}",
+                    ]
+                )
+                results.setdefault("hf_resume", []).append({"shuffle": shuffle, "hf": h, "mix": m})
+            results["hf"] = {"hf": hf_runs, "mix": mix_runs}
+            benchlib.print_table(
+                table,
+                ("", "Mixture", "HF interleave_datasets (streaming)", "ratio", "load"),
+                "(d) HF datasets interleave_datasets, same shards and probabilities (K=3)",
+            )
+    results["load_end"] = benchlib.load1()
+    print(f"\n1-min load at end {results['load_end']:.1f}")
+    benchlib.write_json(results, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

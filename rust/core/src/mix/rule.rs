@@ -1,0 +1,792 @@
+//! The mixing rule: which source each item of one slot comes from.
+//!
+//! **Deterministic** (the default) is earliest-deadline-first over the targets. After `t` items
+//! since the last rebase, source `s`'s target is `A_s(t) = sum of its weights over those items`
+//! (in units of [`UNIT`]) and `d_s = A_s(t) - UNIT * count_s` is its deficit. A source is
+//! *released* when taking it keeps its count below its target plus one (`d_s + w_s > 0`), and
+//! its *deadline* is the last item by which it must be taken to keep its count above its target
+//! minus one (the first `t'` with `d_s + sum_{t..=t'} w_s >= UNIT`). Taking the released source
+//! with the earliest deadline keeps `|A_s(t) / UNIT - count_s| < 1` for every source after every
+//! item: Tijdeman's theorem (the chairman assignment problem, with weights that may change at
+//! every item) says an assignment within that bound exists, and EDF finds a feasible schedule
+//! of unit jobs with integer release times and deadlines whenever one exists. Deadlines look
+//! ahead through the schedule (closed form per constant piece); a source's deadline changes only
+//! when it is taken, so an item costs O(sources) plus one deadline. No random state.
+//!
+//! **Stratified** takes the deterministic rule's next `block` choices as a block and serves them
+//! in a random order (counter-based: the permutation's key is derived from the seed, the slot
+//! and where the block starts, never stored), so every block holds fixed counts and the order
+//! inside it carries no pattern. **Random** draws each item i.i.d. with the current weights from
+//! a ChaCha8 stream at word position `2 * t`: resuming sets the position, no replay.
+//!
+//! Exhaustion is handled at the boundary before each choice (before each block when
+//! stratified): a source whose rows have run out either ends the mixture (`Stop`) or leaves it
+//! (`Drop`: the others renormalize and the targets *rebase*: counts and targets restart at 0 from
+//! here, with the schedule's position carried on). A stratified block is cut right after a
+//! source's last row, so the boundary comes there.
+
+use std::sync::Arc;
+
+use super::schedule::{Piece, Pieces, Schedule, UNIT};
+use crate::error::{Error, Result};
+use crate::plan::Slot;
+use crate::rng::{derive_key, permute, Prng};
+
+/// How items are drawn from the sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixing {
+    Deterministic,
+    /// Deterministic counts per block of this many items, served in a random order.
+    Stratified(u64),
+    Random,
+}
+
+impl Mixing {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mixing::Deterministic => "deterministic",
+            Mixing::Stratified(_) => "stratified",
+            Mixing::Random => "random",
+        }
+    }
+}
+
+/// What happens when a source runs out of rows (after its `max_epochs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The mixture ends.
+    Stop,
+    /// The source leaves; the others share its weight.
+    Drop,
+}
+
+/// What the rule needs to know about a mixture (shared by every slot's mixer).
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub schedule: Arc<Schedule>,
+    pub mixing: Mixing,
+    pub policies: Vec<Policy>,
+    pub seed: u64,
+}
+
+/// Rows each source can still give (`u64::MAX`: unbounded), as the stream's positions say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Avail {
+    pub left: Vec<u64>,
+}
+
+/// A mixer's position, by source index (the mixture's canonical order); see state/mixture.rs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MixerPos {
+    /// Items this slot yielded (after a resize: see elastic in mix/resume.rs).
+    pub items: u64,
+    /// Global item count at the last rebase.
+    pub base: u64,
+    /// Items this slot yielded since the last rebase.
+    pub since: u64,
+    /// Items this slot may still yield (`None`: no limit).
+    pub left: Option<u64>,
+    /// Deficits of the sources still in the mix (`None`: the source has left).
+    pub deficits: Vec<Option<i64>>,
+    /// Stratified: the current block's counts per source and how many of its items were served.
+    pub block: Option<(Vec<u64>, u64)>,
+    /// Items taken from each source.
+    pub taken: Vec<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    quotas: Vec<u64>,
+    order: Vec<u16>,
+    at: usize,
+}
+
+/// One slot's mixer.
+#[derive(Clone)]
+pub struct Mixer {
+    rule: Arc<Rule>,
+    slot: Slot,
+    pieces: Pieces,
+    /// The piece holding item `inner`.
+    piece: Piece,
+    /// Items yielded since the last rebase.
+    since: u64,
+    /// Items the rule has decided since the last rebase (stratified: the end of the block).
+    inner: u64,
+    d: Vec<i64>,
+    /// Absolute deadline of each source, valid until it is taken (`u64::MAX`: never).
+    deadline: Vec<u64>,
+    rng: Option<Prng>,
+    block: Option<Block>,
+    left: Option<u64>,
+    ended: bool,
+    items: u64,
+    taken: Vec<u64>,
+    /// The choice `peek` made and `take` has not consumed.
+    cached: Option<Option<usize>>,
+}
+
+impl Mixer {
+    /// A mixer starting at a rebase: global item `base`, every source in `active` at target 0.
+    pub fn fresh(
+        rule: Arc<Rule>,
+        slot: Slot,
+        base: u64,
+        left: Option<u64>,
+        active: Vec<bool>,
+        items: u64,
+        taken: Vec<u64>,
+    ) -> Mixer {
+        let k = rule.policies.len();
+        let pieces = Pieces {
+            schedule: rule.schedule.clone(),
+            base,
+            stride: slot.count as u64,
+            active,
+        };
+        let piece = pieces.piece(0);
+        let mut m = Mixer {
+            rule,
+            slot,
+            pieces,
+            piece,
+            since: 0,
+            inner: 0,
+            d: vec![0; k],
+            deadline: vec![u64::MAX; k],
+            rng: None,
+            block: None,
+            left,
+            ended: false,
+            items,
+            taken,
+            cached: None,
+        };
+        m.reset_rule();
+        m
+    }
+
+    /// A mixer continuing a saved position (checked here: a position the rule can reach keeps
+    /// every deficit within one item, summing to 0).
+    pub fn restore(rule: Arc<Rule>, slot: Slot, p: &MixerPos) -> Result<Mixer> {
+        let k = rule.policies.len();
+        let bad = |m: String| Err(Error::State(format!("invalid mixer state: {m}")));
+        if p.deficits.len() != k || p.taken.len() != k {
+            return bad(format!(
+                "it has {} sources, the mixture {k}",
+                p.deficits.len()
+            ));
+        }
+        let active: Vec<bool> = p.deficits.iter().map(Option::is_some).collect();
+        let d: Vec<i64> = p.deficits.iter().map(|x| x.unwrap_or(0)).collect();
+        if d.iter().any(|x| x.unsigned_abs() > UNIT) {
+            return bad("a deficit is more than one item (2**32)".into());
+        }
+        if d.iter().map(|x| *x as i128).sum::<i128>() != 0 {
+            return bad("the deficits do not sum to 0".into());
+        }
+        let mut inner = p.since;
+        let mut block = None;
+        match (rule.mixing, &p.block) {
+            (Mixing::Stratified(size), Some((quotas, at))) => {
+                let n: u64 = quotas.iter().sum();
+                if quotas.len() != k || *at >= n || n > size || *at > p.since {
+                    return bad(format!(
+                        "block of {n} items served up to {at} (block size {size}, {} items since \
+                         the last rebase)",
+                        p.since
+                    ));
+                }
+                if quotas.iter().zip(&active).any(|(q, a)| *q > 0 && !a) {
+                    return bad("its block takes from a source that has left".into());
+                }
+                inner = p.since - at + n;
+                block = Some((quotas.clone(), *at));
+            }
+            (_, Some(_)) => return bad(format!("a block, but mixing is {}", rule.mixing.name())),
+            _ => {}
+        }
+        let mut m = Mixer::fresh(rule, slot, p.base, p.left, active, p.items, p.taken.clone());
+        m.since = p.since;
+        m.inner = inner;
+        m.d = d;
+        m.reset_rule();
+        if let Some((quotas, at)) = block {
+            let order = m.block_order(&quotas, p.since - at);
+            m.block = Some(Block {
+                quotas,
+                order,
+                at: at as usize,
+            });
+        }
+        Ok(m)
+    }
+
+    /// The position to save.
+    pub fn position(&self) -> MixerPos {
+        MixerPos {
+            items: self.items,
+            base: self.pieces.base,
+            since: self.since,
+            left: self.left,
+            deficits: self
+                .d
+                .iter()
+                .zip(&self.pieces.active)
+                .map(|(d, a)| a.then_some(*d))
+                .collect(),
+            block: self
+                .block
+                .as_ref()
+                .filter(|b| b.at < b.order.len())
+                .map(|b| (b.quotas.clone(), b.at as u64)),
+            taken: self.taken.clone(),
+        }
+    }
+
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    pub fn active(&self) -> &[bool] {
+        &self.pieces.active
+    }
+
+    pub fn taken(&self) -> &[u64] {
+        &self.taken
+    }
+
+    /// The global item count this slot estimates: `base + since * slots`.
+    pub fn global(&self) -> u64 {
+        let g = self.pieces.base as u128 + self.since as u128 * self.slot.count as u128;
+        u64::try_from(g).unwrap_or(u64::MAX)
+    }
+
+    /// The weights of the next item (renormalized over the sources still in the mix).
+    pub fn weights(&mut self) -> Vec<u64> {
+        self.ensure_piece();
+        self.piece.w.clone()
+    }
+
+    /// The next item's source without taking it (`None`: the mixture has ended here).
+    pub fn peek(&mut self, avail: &Avail) -> Option<usize> {
+        if let Some(c) = self.cached {
+            return c;
+        }
+        let c = self.decide(avail);
+        if c.is_none() {
+            self.ended = true;
+        }
+        self.cached = Some(c);
+        c
+    }
+
+    /// Take the next item: its source, with `avail` counted down.
+    pub fn take(&mut self, avail: &mut Avail) -> Option<usize> {
+        let c = self.peek(avail);
+        self.cached = None;
+        let s = c?;
+        match self.rule.mixing {
+            Mixing::Deterministic => self.commit(s),
+            Mixing::Random => self.inner += 1,
+            Mixing::Stratified(_) => {
+                if let Some(b) = &mut self.block {
+                    b.at += 1;
+                }
+            }
+        }
+        self.since += 1;
+        self.items += 1;
+        self.taken[s] += 1;
+        if let Some(l) = &mut self.left {
+            *l -= 1;
+        }
+        if avail.left[s] != u64::MAX {
+            avail.left[s] -= 1;
+        }
+        c
+    }
+
+    fn decide(&mut self, avail: &Avail) -> Option<usize> {
+        if self.ended {
+            return None;
+        }
+        if let Some(b) = &self.block {
+            if b.at < b.order.len() {
+                return Some(b.order[b.at] as usize);
+            }
+        }
+        self.block = None;
+        if !self.boundary(avail) {
+            return None;
+        }
+        match self.rule.mixing {
+            Mixing::Deterministic => self.choose(),
+            Mixing::Random => self.draw(),
+            Mixing::Stratified(size) => self.new_block(avail, size),
+        }
+    }
+
+    /// Before a choice: the item limit, and sources that ran out (stop, or leave and rebase).
+    fn boundary(&mut self, avail: &Avail) -> bool {
+        if self.left == Some(0) {
+            return false;
+        }
+        let mut dropped = false;
+        for s in 0..self.d.len() {
+            if self.pieces.active[s] && avail.left[s] == 0 {
+                match self.rule.policies[s] {
+                    Policy::Stop => return false,
+                    Policy::Drop => {
+                        self.pieces.active[s] = false;
+                        dropped = true;
+                    }
+                }
+            }
+        }
+        if dropped {
+            let base = self.global();
+            self.pieces.base = base;
+            self.since = 0;
+            self.inner = 0;
+            self.d.iter_mut().for_each(|d| *d = 0);
+            self.reset_rule();
+        }
+        true
+    }
+
+    /// Recompute what derives from the position: the piece, deadlines, the random stream.
+    fn reset_rule(&mut self) {
+        self.piece = self.pieces.piece(self.inner);
+        for s in 0..self.d.len() {
+            self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
+        }
+        self.rng = match self.rule.mixing {
+            Mixing::Random => {
+                let mut r = Prng::new(derive_key(
+                    "mixture-random",
+                    &[
+                        self.rule.seed,
+                        self.slot.index as u64,
+                        self.slot.count as u64,
+                        self.pieces.base,
+                    ],
+                ));
+                r.set_word_pos(2 * self.inner as u128);
+                Some(r)
+            }
+            _ => None,
+        };
+    }
+
+    fn ensure_piece(&mut self) {
+        if self.inner < self.piece.start || self.piece.end.is_some_and(|e| self.inner >= e) {
+            self.piece = self.pieces.piece(self.inner);
+        }
+    }
+
+    /// The first item `t' >= t` by which source `s` (deficit `d` before item `t`) must be taken.
+    fn deadline_of(&self, s: usize, t: u64, d: i64) -> u64 {
+        if !self.pieces.active[s] {
+            return u64::MAX;
+        }
+        let mut need = UNIT as i128 - d as i128;
+        if need <= 0 {
+            return t;
+        }
+        let mut at = t;
+        loop {
+            let p = if at >= self.piece.start && self.piece.end.is_none_or(|e| at < e) {
+                self.piece.clone()
+            } else {
+                self.pieces.piece(at)
+            };
+            let w = p.w[s] as i128;
+            let reach = |at: u64, need: i128| -> u64 {
+                let steps = (need + w - 1) / w; // >= 1
+                u64::try_from(at as i128 + steps - 1).unwrap_or(u64::MAX)
+            };
+            match p.end {
+                None => return if w == 0 { u64::MAX } else { reach(at, need) },
+                Some(end) => {
+                    let n = (end - at) as i128;
+                    if w > 0 && w * n >= need {
+                        return reach(at, need);
+                    }
+                    need -= w * n;
+                    at = end;
+                }
+            }
+        }
+    }
+
+    /// Earliest deadline among the released sources (ties: the lower index).
+    fn choose(&mut self) -> Option<usize> {
+        self.ensure_piece();
+        if self.piece.w.iter().all(|w| *w == 0) {
+            return None; // no source in the mix has weight here: the mixture ends
+        }
+        let mut best: Option<(u64, usize)> = None;
+        for s in 0..self.d.len() {
+            if !self.pieces.active[s] || self.d[s] + self.piece.w[s] as i64 <= 0 {
+                continue;
+            }
+            if self.deadline[s] < self.inner {
+                self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
+            }
+            if best.is_none_or(|(dl, _)| self.deadline[s] < dl) {
+                best = Some((self.deadline[s], s));
+            }
+        }
+        best.map(|(_, s)| s)
+    }
+
+    fn commit(&mut self, s: usize) {
+        for (d, w) in self.d.iter_mut().zip(&self.piece.w) {
+            *d += *w as i64;
+        }
+        self.d[s] -= UNIT as i64;
+        self.inner += 1;
+        self.ensure_piece();
+        self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
+    }
+
+    fn draw(&mut self) -> Option<usize> {
+        self.ensure_piece();
+        let rng = self.rng.as_mut().expect("random mixing has a stream");
+        if self.piece.w.iter().all(|w| *w == 0) {
+            return None;
+        }
+        // One u64 per item (below(2**32) never rejects), so item t is at word 2t.
+        let r = rng.below(UNIT);
+        let mut acc = 0u64;
+        for (s, w) in self.piece.w.iter().enumerate() {
+            acc += w;
+            if r < acc {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn new_block(&mut self, avail: &Avail, size: u64) -> Option<usize> {
+        let n = size.min(self.left.unwrap_or(u64::MAX));
+        let mut view = avail.left.clone();
+        let mut quotas = vec![0u64; self.d.len()];
+        let mut count = 0;
+        while count < n {
+            let Some(s) = self.choose() else { break };
+            self.commit(s);
+            quotas[s] += 1;
+            count += 1;
+            if view[s] != u64::MAX {
+                view[s] -= 1;
+                if view[s] == 0 {
+                    break; // its last row: the next boundary applies its policy
+                }
+            }
+        }
+        if count == 0 {
+            return None;
+        }
+        let order = self.block_order(&quotas, self.since);
+        let first = order[0] as usize;
+        self.block = Some(Block {
+            quotas,
+            order,
+            at: 0,
+        });
+        Some(first)
+    }
+
+    /// A block's items in their served order: the counts laid out by source, permuted with a
+    /// key from the seed, the slot and the block's start.
+    fn block_order(&self, quotas: &[u64], start: u64) -> Vec<u16> {
+        let mut order: Vec<u16> = quotas
+            .iter()
+            .enumerate()
+            .flat_map(|(s, q)| std::iter::repeat_n(s as u16, *q as usize))
+            .collect();
+        let mut rng = Prng::new(derive_key(
+            "mixture-block",
+            &[
+                self.rule.seed,
+                self.slot.index as u64,
+                self.slot.count as u64,
+                self.pieces.base,
+                start,
+            ],
+        ));
+        permute(&mut order, &mut rng);
+        order
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mix::schedule::{quantize, Kind};
+    use proptest::prelude::*;
+
+    fn rule(schedule: Schedule, mixing: Mixing, k: usize, stop: bool) -> Arc<Rule> {
+        Arc::new(Rule {
+            schedule: Arc::new(schedule),
+            mixing,
+            policies: vec![if stop { Policy::Stop } else { Policy::Drop }; k],
+            seed: 7,
+        })
+    }
+
+    fn weights() -> impl Strategy<Value = Vec<f64>> {
+        proptest::collection::vec(
+            prop_oneof![Just(0.0), 0.001f64..1.0, (1u32..5).prop_map(f64::from)],
+            1..7,
+        )
+        .prop_filter("some weight", |w| w.iter().any(|x| *x > 0.0))
+    }
+
+    fn schedule() -> impl Strategy<Value = Schedule> {
+        (
+            1usize..7,
+            proptest::collection::vec((1u64..400, any::<u64>()), 0..5),
+            any::<bool>(),
+        )
+            .prop_flat_map(|(k, gaps, linear)| {
+                let n = gaps.len() + 1;
+                proptest::collection::vec(
+                    proptest::collection::vec(prop_oneof![Just(0.0), 0.001f64..1.0, Just(1.0)], k)
+                        .prop_map(|mut w| {
+                            if w.iter().all(|x| *x == 0.0) {
+                                w[0] = 1.0;
+                            }
+                            w
+                        }),
+                    n,
+                )
+                .prop_map(move |ws| {
+                    let mut at = 0;
+                    let mut points = Vec::new();
+                    for (i, w) in ws.into_iter().enumerate() {
+                        points.push((at, quantize(&w, "w").unwrap()));
+                        at += gaps.get(i).map_or(0, |g| g.0);
+                    }
+                    Schedule {
+                        kind: if linear { Kind::Linear } else { Kind::Step },
+                        points,
+                    }
+                })
+            })
+    }
+
+    /// Run `n` items, checking after every item that each source's count is within one item of
+    /// its target since the last rebase (targets summed from the weights the rule used).
+    fn run_checked(m: &mut Mixer, avail: &mut Avail, n: usize) -> Vec<usize> {
+        let k = avail.left.len();
+        let mut target = vec![0i128; k];
+        let mut count = vec![0i128; k];
+        let mut base = m.pieces.base;
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let w = {
+                // the weights of the item about to be taken, after any boundary rebase
+                let Some(_) = m.peek(avail) else { break };
+                m.weights()
+            };
+            if m.pieces.base != base {
+                // a source left: targets rebase here
+                target = vec![0; k];
+                count = vec![0; k];
+                base = m.pieces.base;
+            }
+            let s = m.take(avail).unwrap();
+            for i in 0..k {
+                target[i] += w[i] as i128;
+            }
+            count[s] += 1;
+            for i in 0..k {
+                let dev = target[i] - count[i] * UNIT as i128;
+                assert!(
+                    dev.abs() < UNIT as i128,
+                    "source {i} off by {} items after {} items",
+                    dev as f64 / UNIT as f64,
+                    out.len() + 1
+                );
+            }
+            out.push(s);
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+        /// Every prefix of a slot's items holds each source within one item of its target,
+        /// under constant, stepped and linear weights, any slot count and base.
+        #[test]
+        fn deterministic_prefixes_stay_within_one_item(
+            s in schedule(), count in 1u32..5, base in 0u64..1000, n in 1usize..1500,
+        ) {
+            let k = s.points[0].1.len();
+            let slot = Slot::new(0, count).unwrap();
+            let mut m = Mixer::fresh(rule(s, Mixing::Deterministic, k, false), slot, base, None, vec![true; k], 0, vec![0; k]);
+            let mut avail = Avail { left: vec![u64::MAX; k] };
+            let got = run_checked(&mut m, &mut avail, n);
+            prop_assert_eq!(got.len(), n);
+        }
+
+        /// Sources that run out leave (drop) and the rest rebase: the bound holds again from
+        /// each rebase; a stop source ends the slot right after its last row.
+        #[test]
+        fn exhaustion_drops_or_stops(
+            w in weights(), rows in proptest::collection::vec(0u64..60, 7), stop: bool,
+        ) {
+            let k = w.len();
+            let slot = Slot::new(0, 1).unwrap();
+            let r = rule(Schedule::constant(quantize(&w, "w").unwrap()), Mixing::Deterministic, k, stop);
+            let mut m = Mixer::fresh(r, slot, 0, None, vec![true; k], 0, vec![0; k]);
+            let mut avail = Avail { left: rows[..k].to_vec() };
+            let got = run_checked(&mut m, &mut avail, 10_000);
+            let total: u64 = rows[..k].iter().sum();
+            let positive: u64 = rows[..k].iter().zip(&w).filter(|(_, w)| **w > 0.0).map(|(r, _)| *r).sum();
+            if stop {
+                // Ends exactly when the first source runs out (or at once if one is empty).
+                prop_assert!(avail.left.contains(&0) || got.is_empty());
+                prop_assert!(got.len() as u64 <= total);
+            } else {
+                // Every row of every source with weight is taken; zero-weight ones never.
+                prop_assert_eq!(got.len() as u64, positive);
+            }
+            prop_assert!(m.ended());
+        }
+
+        /// A position saved after any item and restored continues with the same choices, in
+        /// every mode, across rebases.
+        #[test]
+        fn restored_positions_continue_identically(
+            s in schedule(), mode in 0u8..3, block in 1u64..9, cut in 0usize..300,
+            rows in proptest::collection::vec(prop_oneof![Just(u64::MAX), 0u64..200], 7),
+            count in 1u32..4,
+        ) {
+            let k = s.points[0].1.len();
+            let mixing = [Mixing::Deterministic, Mixing::Stratified(block), Mixing::Random][mode as usize];
+            let slot = Slot::new(count - 1, count).unwrap();
+            let r = rule(s, mixing, k, false);
+            let fresh = || Mixer::fresh(r.clone(), slot, 3, Some(400), vec![true; k], 0, vec![0; k]);
+            let start = Avail { left: rows[..k].to_vec() };
+            let (mut a, mut avail) = (fresh(), start.clone());
+            let mut all = Vec::new();
+            while let Some(s) = a.take(&mut avail) { all.push(s); }
+            let (mut b, mut avail) = (fresh(), start.clone());
+            let cut = cut.min(all.len());
+            for _ in 0..cut { b.take(&mut avail); }
+            if cut % 2 == 1 { b.peek(&avail); } // a peeked, untaken choice is not part of the state
+            let mut c = Mixer::restore(r.clone(), slot, &b.position()).unwrap();
+            let mut rest = Vec::new();
+            while let Some(s) = c.take(&mut avail) { rest.push(s); }
+            prop_assert_eq!(&rest[..], &all[cut..]);
+            prop_assert!(all.len() <= 400);
+        }
+
+        /// Stratified blocks hold exactly the deterministic rule's counts for the same items.
+        #[test]
+        fn stratified_blocks_have_deterministic_counts(w in weights(), block in 1u64..12, n in 1usize..300) {
+            let k = w.len();
+            let slot = Slot::new(0, 1).unwrap();
+            let sched = Schedule::constant(quantize(&w, "w").unwrap());
+            let mut det = Mixer::fresh(rule(sched.clone(), Mixing::Deterministic, k, false), slot, 0, None, vec![true; k], 0, vec![0; k]);
+            let mut st = Mixer::fresh(rule(sched, Mixing::Stratified(block), k, false), slot, 0, None, vec![true; k], 0, vec![0; k]);
+            let mut a1 = Avail { left: vec![u64::MAX; k] };
+            let mut a2 = a1.clone();
+            let n = n - n % block as usize;
+            let x: Vec<usize> = (0..n).map(|_| det.take(&mut a1).unwrap()).collect();
+            let y: Vec<usize> = (0..n).map(|_| st.take(&mut a2).unwrap()).collect();
+            for (bx, by) in x.chunks(block as usize).zip(y.chunks(block as usize)) {
+                let (mut bx, mut by) = (bx.to_vec(), by.to_vec());
+                bx.sort_unstable();
+                by.sort_unstable();
+                prop_assert_eq!(bx, by);
+            }
+        }
+    }
+
+    #[test]
+    fn random_mixing_follows_the_weights() {
+        let w = quantize(&[0.6, 0.3, 0.1], "w").unwrap();
+        let slot = Slot::new(0, 1).unwrap();
+        let mut m = Mixer::fresh(
+            rule(Schedule::constant(w), Mixing::Random, 3, false),
+            slot,
+            0,
+            None,
+            vec![true; 3],
+            0,
+            vec![0; 3],
+        );
+        let mut avail = Avail {
+            left: vec![u64::MAX; 3],
+        };
+        let n = 30_000;
+        let mut counts = [0f64; 3];
+        for _ in 0..n {
+            counts[m.take(&mut avail).unwrap()] += 1.0;
+        }
+        // Within 5 standard deviations of the binomial mean.
+        for (c, p) in counts.iter().zip([0.6, 0.3, 0.1]) {
+            let sd = (n as f64 * p * (1.0 - p)).sqrt();
+            assert!((c - n as f64 * p).abs() < 5.0 * sd, "{counts:?}");
+        }
+        // Other slots draw other sequences.
+        let mut other = Mixer::fresh(
+            m.rule.clone(),
+            Slot::new(1, 2).unwrap(),
+            0,
+            None,
+            vec![true; 3],
+            0,
+            vec![0; 3],
+        );
+        let mut fresh = Mixer::fresh(m.rule.clone(), slot, 0, None, vec![true; 3], 0, vec![0; 3]);
+        let a: Vec<_> = (0..64).map(|_| other.take(&mut avail)).collect();
+        let b: Vec<_> = (0..64).map(|_| fresh.take(&mut avail)).collect();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn hostile_positions_are_refused() {
+        let w = quantize(&[0.5, 0.5], "w").unwrap();
+        let r = rule(Schedule::constant(w), Mixing::Stratified(4), 2, false);
+        let slot = Slot::new(0, 1).unwrap();
+        let good = MixerPos {
+            items: 2,
+            base: 0,
+            since: 2,
+            left: None,
+            deficits: vec![Some(0), Some(0)],
+            block: Some((vec![2, 2], 2)),
+            taken: vec![1, 1],
+        };
+        Mixer::restore(r.clone(), slot, &good).unwrap();
+        let mut bad = vec![];
+        let mut p = good.clone();
+        p.deficits = vec![Some(1), Some(0)];
+        bad.push(("sum", p));
+        let mut p = good.clone();
+        p.deficits = vec![Some(UNIT as i64 * 3), Some(-(UNIT as i64) * 3)];
+        bad.push(("range", p));
+        let mut p = good.clone();
+        p.block = Some((vec![4, 4], 1));
+        bad.push(("block size", p));
+        let mut p = good.clone();
+        p.block = Some((vec![2, 2], 3));
+        bad.push(("served before since", p));
+        let mut p = good.clone();
+        p.deficits = vec![Some(0), None];
+        bad.push(("block from a source that left", p));
+        for (what, p) in bad {
+            assert!(
+                matches!(Mixer::restore(r.clone(), slot, &p), Err(Error::State(_))),
+                "{what}"
+            );
+        }
+    }
+}

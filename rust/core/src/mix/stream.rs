@@ -1,0 +1,397 @@
+//! One slot's mixed stream: a [`Stream`] per source, a [`Mixer`], and the items they make.
+//!
+//! An item (a batch of `batch_size` rows, or in row mode a chunk handed out row by row) is made
+//! in two steps: the mixer decides its sources, counting each source's rows down without
+//! reading (`Stream::rows_ahead`), then each source's stream yields exactly that many rows. So
+//! a source's stream is only ever asked for rows it has, and its position after the item is
+//! exactly after the rows used: the saved state is each source's stream state plus the mixer's,
+//! nothing buffered in between. In row mode a chunk is cut before a source would cross into its
+//! next epoch, so the state after the first `k` rows of a chunk is each source's
+//! `state_within_batch` plus the mixer replayed from the chunk's start (`checkpoint(Some(k))`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Int16Array, RecordBatch};
+use arrow_select::concat::concat_batches;
+use arrow_select::interleave::interleave_record_batch;
+
+use super::resume::MixResume;
+use super::rule::{Avail, Mixer, MixerPos};
+use super::{Combine, MixConfig};
+use crate::error::{Error, Result};
+use crate::settings::{Layout, DEFAULTS};
+use crate::state::envelope::{SlotRecord, StreamState};
+use crate::state::mixture::{BlockRecord, MixerRecord, MixtureState};
+use crate::stream::Stream;
+
+/// What one `next_item` returns.
+#[derive(Debug)]
+pub enum MixItem {
+    /// One batch in mixing order (shared columns and the tag column).
+    Mixed(RecordBatch),
+    /// The item's source per row (index in name order) and each source's rows, in order.
+    Parts {
+        tags: Vec<u16>,
+        parts: Vec<Option<RecordBatch>>,
+    },
+}
+
+impl MixItem {
+    pub fn num_rows(&self) -> usize {
+        match self {
+            MixItem::Mixed(b) => b.num_rows(),
+            MixItem::Parts { tags, .. } => tags.len(),
+        }
+    }
+}
+
+/// Prefix a source's error with its name (the message is the stream's own).
+pub(crate) fn in_source(name: &str, e: Error) -> Error {
+    match e {
+        Error::State(m) => Error::State(format!("source {name:?}: {m}")),
+        Error::ShardsChanged {
+            message,
+            added,
+            changed,
+            removed,
+        } => Error::ShardsChanged {
+            message: format!("source {name:?}: {message}"),
+            added,
+            changed,
+            removed,
+        },
+        Error::Config(m) => Error::Config(format!("source {name:?}: {m}")),
+        other => other,
+    }
+}
+
+/// The mixed stream of one slot.
+pub struct MixStream {
+    cfg: Arc<MixConfig>,
+    layout: Layout,
+    streams: Vec<Stream>,
+    mixer: Mixer,
+    /// Removed sources' states carried along (see mix/resume.rs).
+    removed: BTreeMap<String, Vec<StreamState>>,
+    row_mode: bool,
+    /// Row mode: the mixer and availability before the last chunk, its choices, and which
+    /// sources it read from.
+    chunk_start: Option<(Mixer, Avail)>,
+    choices: Vec<u16>,
+    pulled: Vec<bool>,
+    ended: bool,
+}
+
+impl MixStream {
+    /// The stream of `layout` starting where `resume` says (checked when it was loaded; the
+    /// mixer's position against its sources' is checked here).
+    pub fn resume(
+        cfg: Arc<MixConfig>,
+        layout: Layout,
+        threads: usize,
+        resume: &MixResume,
+    ) -> Result<MixStream> {
+        let row_mode = cfg.settings.batch_size.is_none();
+        let mut streams = Vec::with_capacity(cfg.sources.len());
+        for (i, src) in cfg.sources.iter().enumerate() {
+            let mut s = Stream::resume(
+                src.catalog.clone(),
+                &src.settings,
+                &src.tuning,
+                layout,
+                threads,
+                resume.source(i),
+            )
+            .map_err(|e| in_source(&src.name, e))?;
+            // Row mode needs each chunk's start to compute a position inside it.
+            s.keep_batch_start(row_mode);
+            streams.push(s);
+        }
+        let (mixer, removed) = resume.mixer(&cfg, layout)?;
+        let k = streams.len();
+        let out = MixStream {
+            cfg,
+            layout,
+            streams,
+            mixer,
+            removed,
+            row_mode,
+            chunk_start: None,
+            choices: Vec::new(),
+            pulled: vec![false; k],
+            ended: false,
+        };
+        let avail = out.avail();
+        for (s, a) in out.mixer.active().iter().enumerate() {
+            if !a && avail.left[s] != 0 {
+                return Err(Error::State(format!(
+                    "invalid mixer state: source {:?} has left the mix, but its own state has \
+                     rows left",
+                    out.cfg.sources[s].name
+                )));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn config(&self) -> &Arc<MixConfig> {
+        &self.cfg
+    }
+
+    fn avail(&self) -> Avail {
+        Avail {
+            left: self
+                .streams
+                .iter()
+                .enumerate()
+                .map(|(i, s)| s.rows_ahead(self.cfg.until(i)))
+                .collect(),
+        }
+    }
+
+    /// The next item, or `None` once the mixture has ended (a `stop` source ran out, the
+    /// `samples` were all yielded, or no source with weight has rows left).
+    pub fn next_item(&mut self) -> Result<Option<MixItem>> {
+        if self.ended {
+            return Ok(None);
+        }
+        let n = self
+            .cfg
+            .settings
+            .batch_size
+            .unwrap_or(DEFAULTS.row_chunk as u64);
+        let mut avail = self.avail();
+        let (start, runs) = if self.row_mode {
+            let runs = self
+                .streams
+                .iter()
+                .map(Stream::rows_before_epoch_end)
+                .collect();
+            (Some((self.mixer.clone(), avail.clone())), runs)
+        } else {
+            (None, Vec::new())
+        };
+        let k = self.streams.len();
+        let mut counts = vec![0u64; k];
+        let mut choices = Vec::new();
+        while (choices.len() as u64) < n {
+            let Some(s) = self.mixer.peek(&avail) else {
+                break;
+            };
+            if self.row_mode && counts[s] == runs[s] {
+                break; // its next row is in its next epoch: the next chunk starts there
+            }
+            self.mixer.take(&mut avail);
+            counts[s] += 1;
+            choices.push(s as u16);
+        }
+        if choices.is_empty() {
+            // The last chunk stays the one a position `within` it refers to.
+            self.ended = true;
+            return Ok(None);
+        }
+        self.choices = choices;
+        self.chunk_start = start;
+        let mut parts: Vec<Option<RecordBatch>> = Vec::with_capacity(k);
+        for (s, c) in counts.iter().enumerate() {
+            self.pulled[s] = *c > 0;
+            parts.push(if *c > 0 {
+                Some(self.pull(s, *c)?)
+            } else {
+                None
+            });
+        }
+        if let Some(bs) = self.cfg.settings.batch_size {
+            if self.cfg.settings.drop_last && (self.choices.len() as u64) < bs {
+                self.ended = true; // the last, short batch
+                return Ok(None);
+            }
+        }
+        if !self.row_mode && self.cfg.combine == Combine::Mixed {
+            return Ok(Some(MixItem::Mixed(self.mixed(parts)?)));
+        }
+        Ok(Some(MixItem::Parts {
+            tags: self.choices.clone(),
+            parts,
+        }))
+    }
+
+    /// Exactly `n` rows of source `s` (the mixer counted them as there).
+    fn pull(&mut self, s: usize, n: u64) -> Result<RecordBatch> {
+        let stream = &mut self.streams[s];
+        let mut got = 0u64;
+        let mut batches = Vec::with_capacity(1);
+        while got < n {
+            let want = usize::try_from(n - got).unwrap_or(usize::MAX);
+            match stream
+                .next_batch(want)
+                .map_err(|e| in_source(&self.cfg.sources[s].name, e))?
+            {
+                Some(b) => {
+                    got += b.num_rows() as u64;
+                    batches.push(b);
+                }
+                None => {
+                    return Err(Error::Internal(format!(
+                        "source {:?} ended after {got} of the {n} rows the mixer counted",
+                        self.cfg.sources[s].name
+                    )))
+                }
+            }
+        }
+        if batches.len() == 1 {
+            return Ok(batches.pop().expect("one batch"));
+        }
+        concat_batches(self.cfg.sources[s].catalog.schema(), &batches)
+            .map_err(|e| Error::Internal(format!("concat: {e}")))
+    }
+
+    /// One batch in mixing order: each source's rows projected to the shared columns and
+    /// interleaved, then the tag column.
+    fn mixed(&self, parts: Vec<Option<RecordBatch>>) -> Result<RecordBatch> {
+        let internal = |e: arrow_schema::ArrowError| Error::Internal(format!("mixed batch: {e}"));
+        let mut slot_of = vec![usize::MAX; parts.len()];
+        let mut projected = Vec::new();
+        for (s, p) in parts.into_iter().enumerate() {
+            if let Some(b) = p {
+                slot_of[s] = projected.len();
+                projected.push(b.project(&self.cfg.common[s]).map_err(internal)?);
+            }
+        }
+        let mut columns: Vec<ArrayRef> = if projected.len() == 1 {
+            projected[0].columns().to_vec()
+        } else {
+            let mut next = vec![0usize; projected.len()];
+            let indices: Vec<(usize, usize)> = self
+                .choices
+                .iter()
+                .map(|&s| {
+                    let b = slot_of[s as usize];
+                    let r = next[b];
+                    next[b] += 1;
+                    (b, r)
+                })
+                .collect();
+            let refs: Vec<&RecordBatch> = projected.iter().collect();
+            interleave_record_batch(&refs, &indices)
+                .map_err(internal)?
+                .columns()
+                .to_vec()
+        };
+        if self.cfg.tag_column.is_some() {
+            let tags: Int16Array = self.choices.iter().map(|&s| s as i16).collect();
+            columns.push(Arc::new(tags));
+        }
+        RecordBatch::try_new(self.cfg.schema.clone(), columns).map_err(internal)
+    }
+
+    /// The saved state: after the last item, or (row mode) after its first `within` rows.
+    pub fn checkpoint(&mut self, within: Option<usize>) -> Result<MixtureState> {
+        let (pos, sources) = match within {
+            Some(k) if self.row_mode && k < self.choices.len() => {
+                let (mut m, mut a) = self
+                    .chunk_start
+                    .clone()
+                    .ok_or_else(|| Error::Internal("no chunk to be within".into()))?;
+                let mut counts = vec![0usize; self.streams.len()];
+                for &want in &self.choices[..k] {
+                    let got = m.take(&mut a);
+                    if got != Some(want as usize) {
+                        return Err(Error::Internal(format!(
+                            "mixer replay chose {got:?}, the chunk had {want}"
+                        )));
+                    }
+                    counts[want as usize] += 1;
+                }
+                let mut sources = Vec::with_capacity(self.streams.len());
+                for (s, st) in self.streams.iter_mut().enumerate() {
+                    let within = self.pulled[s].then_some(counts[s]);
+                    sources.push(st.checkpoint(within)?);
+                }
+                (m.position(), sources)
+            }
+            _ => {
+                let mut sources = Vec::with_capacity(self.streams.len());
+                for st in &mut self.streams {
+                    sources.push(st.checkpoint(None)?);
+                }
+                (self.mixer.position(), sources)
+            }
+        };
+        Ok(self.state_of(&pos, sources))
+    }
+
+    fn state_of(&self, pos: &MixerPos, sources: Vec<StreamState>) -> MixtureState {
+        let names = self.cfg.names();
+        MixtureState {
+            settings: self.cfg.settings_record(),
+            weights: self.cfg.schedule_record(),
+            policies: self.cfg.policies_record(),
+            slot: Some(SlotRecord {
+                index: self.layout.slot.index,
+                count: self.layout.slot.count,
+                even: self.layout.even.name().into(),
+            }),
+            mixer: Some(mixer_record(&names, pos)),
+            sources: names.iter().cloned().zip(sources).collect(),
+            removed: self.removed.clone(),
+        }
+    }
+
+    /// Where the next stream of this mixture starts: here (`within` rows into the last chunk),
+    /// or once it has ended, the start of the pass again.
+    pub fn resume_point(&mut self, within: Option<usize>) -> Result<MixResume> {
+        if self.ended {
+            return Ok(MixResume::start(&self.cfg));
+        }
+        let st = self.checkpoint(within)?;
+        MixResume::load(&self.cfg, vec![st.to_value()], false, true)
+    }
+
+    /// Per source, in name order: `(items taken, epoch, rows yielded in that epoch, weight of
+    /// the next item as a fraction, still in the mix)`.
+    pub fn source_stats(&mut self) -> Vec<(u64, u64, u64, f64, bool)> {
+        let w = self.mixer.weights();
+        let active = self.mixer.active().to_vec();
+        self.streams
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let (epoch, emitted) = s.position();
+                let unit = super::schedule::UNIT as f64;
+                (
+                    self.mixer.taken()[i],
+                    epoch,
+                    emitted,
+                    w[i] as f64 / unit,
+                    active[i] && !self.mixer.ended(),
+                )
+            })
+            .collect()
+    }
+}
+
+pub(crate) fn mixer_record(names: &[String], p: &MixerPos) -> MixerRecord {
+    MixerRecord {
+        items: p.items,
+        base: p.base,
+        since: p.since,
+        left: p.left,
+        deficits: names
+            .iter()
+            .zip(&p.deficits)
+            .filter_map(|(n, d)| d.map(|d| (n.clone(), d)))
+            .collect(),
+        block: p.block.as_ref().map(|(q, at)| BlockRecord {
+            quotas: names
+                .iter()
+                .zip(q)
+                .filter(|(_, q)| **q > 0)
+                .map(|(n, q)| (n.clone(), *q))
+                .collect(),
+            at: *at,
+        }),
+        taken: names.iter().cloned().zip(p.taken.iter().copied()).collect(),
+    }
+}

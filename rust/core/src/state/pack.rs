@@ -1,0 +1,87 @@
+//! The packer's part of a slot's state (`state['position']['pack']`) and of the settings
+//! (`state['settings']['pack']`): pending documents as row references, never tokens.
+//!
+//! A pending document is `(row id, start, end)` in the document's token sequence (BOS/EOS
+//! included): the tail of a document that spans packed rows, or a whole document waiting in
+//! the bin packer's window. Rows are stored as base64 ids in queue order; only references that
+//! are not a whole document are listed in `spans` as `[index, start, end]` (`end = 0`: to the
+//! document's end). So a state holds 8 bytes per pending document, whatever `seq_len` is; on
+//! resume the rows are read again and each reference checked against its row's length.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ids_from_base64, ids_to_base64};
+use crate::error::{Error, Result};
+
+/// One pending document: tokens `start..end` of row `row` (`end = None`: to the end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DocRef {
+    pub row: u64,
+    pub start: u64,
+    pub end: Option<u64>,
+}
+
+/// The saved queue of pending documents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackRecord {
+    pub rows: String,
+    pub spans: Vec<[u64; 3]>,
+}
+
+impl PackRecord {
+    pub fn of(refs: &[DocRef]) -> Self {
+        let ids: Vec<u64> = refs.iter().map(|r| r.row).collect();
+        let spans = refs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.start != 0 || r.end.is_some())
+            .map(|(i, r)| [i as u64, r.start, r.end.unwrap_or(0)])
+            .collect();
+        PackRecord {
+            rows: ids_to_base64(&ids),
+            spans,
+        }
+    }
+
+    /// The references, checked for shape (distinct rows, spans in order, `start < end`); that
+    /// each span fits its row is checked when the rows are read.
+    pub fn refs(&self, what: &str) -> Result<Vec<DocRef>> {
+        let ids = ids_from_base64(&self.rows, &format!("{what}['rows']"))?;
+        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        for &id in &ids {
+            if !seen.insert(id) {
+                return Err(Error::State(format!(
+                    "{what}['rows']: row {id} is pending twice (each document is pending once)"
+                )));
+            }
+        }
+        let mut refs: Vec<DocRef> = ids
+            .iter()
+            .map(|&row| DocRef {
+                row,
+                start: 0,
+                end: None,
+            })
+            .collect();
+        let mut last = None;
+        for (k, &[i, start, end]) in self.spans.iter().enumerate() {
+            let w = format!("{what}['spans'][{k}]");
+            if i as usize >= refs.len() || last.is_some_and(|l| i <= l) {
+                return Err(Error::State(format!(
+                    "{w}: index {i} is not an increasing index into the {} pending rows",
+                    refs.len()
+                )));
+            }
+            if end != 0 && start >= end {
+                return Err(Error::State(format!(
+                    "{w}: [{i}, {start}, {end}] needs start < end (or end = 0: to the end)"
+                )));
+            }
+            last = Some(i);
+            refs[i as usize].start = start;
+            refs[i as usize].end = (end != 0).then_some(end);
+        }
+        Ok(refs)
+    }
+}

@@ -1,0 +1,57 @@
+//! The stream of packed rows: the slot's rows fed to its packer (`pack/`), items of
+//! `batch_size` packed rows (one in row mode).
+
+use arrow_array::RecordBatch;
+
+use super::Stream;
+use crate::error::{Error, Result};
+use crate::pack::Packer;
+use crate::reader::read_rows;
+
+/// Most packed rows allocated at once for one item.
+const MAX_ITEM_ROWS: u64 = 1 << 20;
+
+impl Stream {
+    /// The next item of packed rows, or `None` at the end of the pass (the last item may be
+    /// short unless `drop_last`).
+    pub(super) fn next_packed(&mut self) -> Result<Option<RecordBatch>> {
+        let n = self.settings.batch_size.unwrap_or(1);
+        if n > MAX_ITEM_ROWS {
+            return Err(Error::Config(format!(
+                "with packing, batch_size is at most {MAX_ITEM_ROWS} packed rows, got {n}"
+            )));
+        }
+        let n = n as usize;
+        let mut packer = self.pack.take().expect("a packing stream");
+        let out = self.pack_rows(&mut packer, n);
+        self.pack = Some(packer);
+        match out? {
+            Some(b) if !(self.settings.drop_last && b.num_rows() < n) => Ok(Some(b)),
+            _ => {
+                self.ended = true;
+                Ok(None)
+            }
+        }
+    }
+
+    fn pack_rows(&mut self, p: &mut Packer, n: usize) -> Result<Option<RecordBatch>> {
+        if let Some(ids) = p.needs_rows() {
+            // The pending documents of a resumed state: read just those rows again.
+            let threads = self.opts.readahead_threads.max(1);
+            let batches = read_rows(&self.catalog, &ids, self.opts.read_batch_rows, threads)?;
+            p.hydrate(&ids, &batches)?;
+        }
+        let mut more = |p: &mut Packer| -> Result<bool> {
+            match self.next_batch(p.pull_rows())? {
+                None => Ok(false),
+                Some(b) => {
+                    let ids = std::mem::take(&mut self.ids);
+                    p.take(&b, &ids)?;
+                    self.ids = ids;
+                    Ok(true)
+                }
+            }
+        };
+        p.emit(n, &mut more)
+    }
+}

@@ -1,0 +1,83 @@
+//! `RawMixResume`: where a mixture's next stream starts (the start of a pass, or loaded states,
+//! validated once when loaded).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use shardstream_core::mix::MixResume;
+use shardstream_core::state::mixture::MixtureState;
+
+use crate::convert::{from_value, list_to_values};
+use crate::error::detach;
+use crate::mixture::RawMixture;
+
+#[pyclass(name = "RawMixResume", module = "shardstream._core", frozen)]
+pub struct RawMixResume {
+    pub inner: MixResume,
+}
+
+/// A mixture state as a Python dict.
+pub fn mixture_state_to_py<'py>(
+    py: Python<'py>,
+    st: &MixtureState,
+) -> PyResult<Bound<'py, PyDict>> {
+    Ok(from_value(py, &st.to_value())?.cast_into::<PyDict>()?)
+}
+
+#[pymethods]
+impl RawMixResume {
+    /// The start of a pass.
+    #[staticmethod]
+    fn start(mixture: &RawMixture) -> Self {
+        RawMixResume {
+            inner: MixResume::start(&mixture.inner),
+        }
+    }
+
+    /// Check the states found in a checkpoint against this mixture, once.
+    #[staticmethod]
+    #[pyo3(signature = (mixture, states, allow_changed_shards=false, strict=false))]
+    fn load(
+        py: Python<'_>,
+        mixture: &RawMixture,
+        states: &Bound<'_, PyList>,
+        allow_changed_shards: bool,
+        strict: bool,
+    ) -> PyResult<Self> {
+        let values = list_to_values(states)?;
+        let cfg = mixture.inner.clone();
+        let inner = detach(py, || {
+            MixResume::load(&cfg, values, allow_changed_shards, strict)
+        })?;
+        Ok(RawMixResume { inner })
+    }
+
+    /// True when no position was loaded.
+    #[getter]
+    fn at_start(&self) -> bool {
+        self.inner.at_start()
+    }
+
+    /// The state a stream of `layout` (rank, world_size, worker, num_workers) would save now.
+    fn state_dict<'py>(
+        &self,
+        py: Python<'py>,
+        mixture: &RawMixture,
+        layout: (u64, u64, u64, u64),
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let layout = crate::mix_stream::layout(py, mixture, layout)?;
+        let cfg = mixture.inner.clone();
+        let st = detach(py, || self.inner.state(&cfg, layout))?;
+        mixture_state_to_py(py, &st)
+    }
+
+    /// Every loaded position as a plain state (to pickle this resume point).
+    fn states<'py>(&self, py: Python<'py>, mixture: &RawMixture) -> PyResult<Bound<'py, PyList>> {
+        let cfg = mixture.inner.clone();
+        let states = detach(py, || self.inner.states(&cfg))?;
+        let out = PyList::empty(py);
+        for st in &states {
+            out.append(mixture_state_to_py(py, st)?)?;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,608 @@
+"""Mixture: exact resume (any point, twice, every output mode), workers and ranks, elastic
+layouts, changed weights / sources on resume, strictness, exhaustion, columns, errors, CLI.
+
+Every exactness check compares full streams of ``(source tag, id)`` keys against the
+uninterrupted run (the Rust core's property tests cover the mixing rule and random layouts:
+``rust/core/src/mix/``)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from harness import pickle_roundtrip, scalar_int, torch_roundtrip
+from shardstream import Mixture, ParquetStream, SchemaError, StateError
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+pytestmark = pytest.mark.timeout(300)
+
+ROWS = {"code": 65, "math": 17, "web": 135}
+
+
+@pytest.fixture(scope="module")
+def data(shard_factory):
+    return {
+        "web": shard_factory(num_shards=3, rows_per_shard=[60, 45, 30], seed=21),
+        "code": shard_factory(num_shards=2, rows_per_shard=[40, 25], seed=22, start_id=1000),
+        "math": shard_factory(num_shards=1, rows_per_shard=17, seed=23, start_id=2000),
+    }
+
+
+def sources(data, columns=("id", "tokens"), shuffle=(0, 5, 3), **kw):
+    return {
+        n: ParquetStream(data[n].root, columns=list(columns), shuffle_buffer=b, seed=i, **kw)
+        for i, (n, b) in enumerate(zip(("code", "math", "web"), shuffle, strict=True))
+    }
+
+
+def mix(data, **kw):
+    args = dict(weights={"web": 0.6, "code": 0.3, "math": 0.1}, samples=400, output="python")
+    args.update(kw)
+    src = args.pop("sources", None) or sources(data)
+    return Mixture(src, **args)
+
+
+def key(item, batched, tag="source"):
+    """``((tag, id), ...)`` of a batch, ``(tag, id)`` of a row, in any output mode."""
+    if isinstance(item, pa.RecordBatch):
+        pairs = tuple(zip(item.column(tag).to_pylist(), item.column("id").to_pylist(), strict=True))
+        return pairs if batched else pairs[0]
+    if not batched:
+        return (scalar_int(item[tag]), scalar_int(item["id"]))
+    ids, tags = item["id"], item[tag]
+    to_list = lambda v: v.tolist() if hasattr(v, "tolist") else list(v)  # noqa: E731
+    return tuple(zip(map(int, to_list(tags)), map(int, to_list(ids)), strict=True))
+
+
+def keys(ds, batched=True):
+    return [key(x, batched) for x in ds]
+
+
+def flat(ks):
+    return [p for k in ks for p in (k if isinstance(k[0], tuple) else [k])]
+
+
+# ------------------------------------------------------------------ exact resume
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch_size=7),
+        dict(batch_size=None),
+        dict(batch_size=8, mixing="stratified", output="torch"),
+        dict(batch_size=5, mixing="random", output="numpy", drop_last=True),
+        dict(batch_size=None, mixing="stratified", block=6, output="torch"),
+        dict(batch_size=4, output="arrow", on_exhausted={"math": "stop"}, samples=None),
+    ],
+    ids=["det-b7", "det-rows", "strat-torch", "random-numpy", "strat-rows", "stop-arrow"],
+)
+def test_resume_anywhere_twice(data, kw):
+    batched = kw.get("batch_size") is not None
+    full = keys(mix(data, **kw), batched)
+    n = len(full)
+    assert n > 10
+    for k in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+        ds = mix(data, **kw)
+        it = iter(ds)
+        head = [key(next(it), batched) for _ in range(k)]
+        state = torch_roundtrip(ds.state_dict())
+        assert head == full[:k]
+        ds2 = mix(data, **kw)
+        ds2.load_state_dict(pickle_roundtrip(state))
+        it2 = iter(ds2)
+        m = (n - k) // 2
+        mid = [key(next(it2), batched) for _ in range(m)]
+        state2 = json.loads(json.dumps(ds2.state_dict()))
+        rest = [key(x, batched) for x in it2]
+        assert head + mid + rest == full, f"k={k}"
+        ds3 = mix(data, **kw)
+        ds3.load_state_dict(state2)
+        assert head + mid + keys(ds3, batched) == full, f"k={k}, twice"
+
+
+def test_stop_ends_right_after_the_stop_source_and_drop_takes_every_row(data):
+    # math stops the mixture: its 17 rows, then nothing.
+    got = flat(keys(mix(data, on_exhausted={"math": "stop"}, samples=None, batch_size=4)))
+    names = ["code", "math", "web"]
+    c = Counter(names[t] for t, _ in got)
+    assert c["math"] == 17 and got[-1][0] == names.index("math")
+    # every source drops after 2 epochs: each row exactly twice.
+    got = flat(keys(mix(data, on_exhausted="drop", max_epochs=2, samples=None, batch_size=9)))
+    for t, n in enumerate(names):
+        ids = Counter(i for s, i in got if s == t)
+        assert set(ids.values()) == {2} and len(ids) == ROWS[n], n
+
+
+def test_single_source_equals_the_plain_stream(data):
+    plain = ParquetStream(
+        data["web"].root,
+        columns=["id"],
+        shuffle_buffer=9,
+        seed=4,
+        epochs=3,
+        batch_size=6,
+        output="python",
+    )
+    want = [tuple(b["id"]) for b in plain]
+    src = {"web": ParquetStream(data["web"].root, columns=["id"], shuffle_buffer=9, seed=4)}
+    m = Mixture(src, weights={"web": 1}, max_epochs=3, batch_size=6, output="python")
+    got = [tuple(b["id"]) for b in m]
+    # Row for row the plain stream's 3 epochs; a mixture's batches run across a source's epoch
+    # end (a mixed batch would anyway), so only the last one is short.
+    assert [i for b in got for i in b] == [i for b in want for i in b]
+    assert [len(b) for b in got] == [6] * (len(got) - 1) + [3 * 135 % 6 or 6]
+    assert all(
+        set(b["source"]) == {0}
+        for b in Mixture(src, weights={"web": 1}, max_epochs=1, batch_size=6, output="python")
+    )
+
+
+# ------------------------------------------------------------------ workers and ranks
+
+
+def _loader(data, nw, **kw):
+    return StatefulDataLoader(mix(data, **kw), batch_size=None, num_workers=nw)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_resume(data, num_workers):
+    kw = dict(batch_size=8, output="torch")
+    full = keys(_loader(data, num_workers, **kw))
+    n = len(full)
+    for k in (1, n // 2, n - 1):
+        loader = _loader(data, num_workers, **kw)
+        it = iter(loader)
+        head = [key(next(it), True) for _ in range(k)]
+        state = torch_roundtrip(loader.state_dict())
+        loader2 = _loader(data, num_workers, **kw)
+        loader2.load_state_dict(state)
+        assert head + keys(loader2) == full, f"k={k}"
+
+
+def test_dataloader_workers_pickle_with_spawn(data):
+    kw = dict(batch_size=8, output="numpy")
+    ds = mix(data, **kw)
+    it = iter(ds)
+    head = [key(next(it), True) for _ in range(3)]
+    full = keys(mix(data, **kw))
+    # The iterated dataset pickles its position; a spawned single worker continues from it.
+    ds2 = pickle.loads(pickle.dumps(ds))
+    assert head + keys(ds2) == full
+    loader = DataLoader(
+        mix(data, **kw), batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    assert sorted(flat(keys(loader))) == sorted(flat(keys(_loader(data, 2, **kw))))
+
+
+@pytest.mark.parametrize("even", ["drop", "pad"])
+def test_ranks_yield_equal_batches_and_stop_together(data, even):
+    kw = dict(batch_size=4, even=even, on_exhausted={"math": "stop"}, samples=None)
+    per_rank = [keys(mix(data, rank=r, world_size=3, **kw)) for r in range(3)]
+    assert len({len(p) for p in per_rank}) == 1
+    # Each rank's math rows are its own share: none repeated across ranks (even="drop").
+    names = ["code", "math", "web"]
+    maths = [i for p in per_rank for t, i in flat(p) if names[t] == "math"]
+    if even == "drop":
+        assert len(maths) == len(set(maths)) == 3 * (17 // 3)
+
+
+@pytest.mark.parametrize("old,new", [(2, 3), (3, 1), (2, 2)])
+def test_elastic_ranks_every_row_once_per_source_epoch(data, old, new):
+    kw = dict(
+        batch_size=5,
+        even=None,
+        on_exhausted="drop",
+        max_epochs=1,
+        samples=None,
+        sources=sources(data, shuffle=(4, 2, 7)),
+    )
+    seen, states = [], []
+    for r in range(old):
+        ds = mix(data, rank=r, world_size=old, **kw)
+        it = iter(ds)
+        for _ in range(3 + r):
+            seen.extend(flat([key(next(it), True)]))
+        states.append(torch_roundtrip(ds.state_dict()))
+    for r in range(new):
+        ds = mix(
+            data, rank=r, world_size=new, **{**kw, "sources": sources(data, shuffle=(4, 2, 7))}
+        )
+        ds.load_state_dict(states)
+        seen.extend(flat(keys(ds)))
+    names = ["code", "math", "web"]
+    for t, n in enumerate(names):
+        ids = [i for s, i in seen if s == t]
+        assert sorted(ids) == sorted(data[n].ids), n
+
+
+def test_elastic_workers_every_row_once_per_source_epoch(data):
+    """2 DataLoader workers -> 3: every row of every source once in its one epoch."""
+    kw = dict(batch_size=4, even=None, on_exhausted="drop", max_epochs=1, samples=None)
+    loader = _loader(data, 2, **kw)
+    it = iter(loader)
+    seen = flat([key(next(it), True) for _ in range(7)])
+    state = torch_roundtrip(loader.state_dict())
+    del it
+    ds = mix(data, **kw)
+    ds.load_state_dict(state)  # the loader state holds both workers' (guide: Elastic resume)
+    seen += flat(keys(StatefulDataLoader(ds, batch_size=None, num_workers=3)))
+    for t, n in enumerate(["code", "math", "web"]):
+        assert sorted(i for s, i in seen if s == t) == sorted(data[n].ids), n
+
+
+def test_resize_with_new_weights_holds_them_from_the_resize(data):
+    """2 ranks -> 3 with other weights: each new rank's every prefix holds each source within
+    one item of the new target (the targets restart at the resize), and each source's rows
+    over all ranks are its own stream's, none repeated before the epoch rolls over."""
+    kw = dict(batch_size=3, even=None, samples=None, on_exhausted="cycle")
+    states = []
+    for r in range(2):
+        ds = mix(data, rank=r, world_size=2, **kw)
+        it = iter(ds)
+        for _ in range(4 + r):
+            next(it)
+        states.append(ds.state_dict())
+    w = {"code": 0.5, "math": 0.25, "web": 0.25}
+    for r in range(3):
+        ds = mix(data, rank=r, world_size=3, weights=w, **kw)
+        ds.load_state_dict(states)
+        it = iter(ds)
+        got = [s for _ in range(20) for s, _ in key(next(it), True)]
+        for t in range(1, len(got) + 1):
+            for j, n in enumerate(["code", "math", "web"]):
+                assert abs(got[:t].count(j) - t * w[n]) < 1, (r, t, n)
+
+
+# ------------------------------------------------------------------ changes on resume
+
+
+def test_weights_change_on_resume_continues_every_source(data):
+    kw = dict(batch_size=6, on_exhausted="cycle", samples=300)
+    ds = mix(data, **kw)
+    it = iter(ds)
+    head = flat([key(next(it), True) for _ in range(10)])
+    state = ds.state_dict()
+    new_w = {"web": 0.2, "code": 0.2, "math": 0.6}
+    strict = mix(data, **kw, weights=new_w)
+    with pytest.raises(StateError, match="weights changed"):
+        strict.load_state_dict(state, strict=True)
+    ds2 = mix(data, **kw, weights=new_w)
+    ds2.load_state_dict(state)
+    rest = flat(keys(ds2))
+    assert len(head) + len(rest) == 300
+    names = ["code", "math", "web"]
+    # Each source continues its own stream exactly (the uninterrupted single-source order).
+    for t, n in enumerate(names):
+        mine = [i for s, i in head + rest if s == t]
+        alone = Mixture(
+            {n: sources(data)[n]},
+            weights={n: 1},
+            samples=len(mine),
+            output="python",
+            batch_size=len(mine) or 1,
+        )
+        assert mine == [i for _, i in flat(keys(alone))], n
+    # From the resume point, math's count stays within one item of 60%.
+    c = 0
+    for j, (s, _) in enumerate(rest, 1):
+        c += s == names.index("math")
+        assert abs(c - 0.6 * j) < 1 + 1e-6
+
+
+def test_sources_added_and_removed_on_resume(data):
+    full_src = sources(data)
+    two = {n: full_src[n] for n in ("web", "code")}
+    a = Mixture(two, weights={"web": 1, "code": 1}, batch_size=5, output="python")
+    it = iter(a)
+    seen = flat([key(next(it), True) for _ in range(4)])
+    names_a = a.source_names
+    state = a.state_dict()
+    # Remove code, add math.
+    b_src = {n: sources(data)[n] for n in ("web", "math")}
+    b = Mixture(b_src, weights={"web": 1, "math": 1}, batch_size=5, output="python")
+    with pytest.raises(StateError, match='source "math" added.*source "code" removed'):
+        b.load_state_dict(state, strict=True)
+    b.load_state_dict(state)
+    it = iter(b)
+    seen_b = flat([key(next(it), True) for _ in range(4)])
+    state = b.state_dict()
+    assert "code" in state["removed"]
+    # code comes back where it was.
+    c = Mixture(
+        sources(data), weights={"web": 1, "code": 1, "math": 1}, batch_size=5, output="python"
+    )
+    c.load_state_dict(state)
+    it = iter(c)
+    seen_c = flat([key(next(it), True) for _ in range(6)])
+    code = [i for s, i in seen if names_a[s] == "code"]
+    code += [i for s, i in seen_c if c.source_names[s] == "code"]
+    assert (
+        code
+        == [x["id"] for x in ParquetStream(data["code"].root, columns=["id"], output="python")][
+            : len(code)
+        ]
+    )
+    web = [i for s, i in seen if names_a[s] == "web"]
+    web += [i for s, i in seen_b if b.source_names[s] == "web"]
+    web += [i for s, i in seen_c if c.source_names[s] == "web"]
+    assert (
+        web
+        == [
+            x["id"]
+            for x in ParquetStream(
+                data["web"].root,
+                columns=["id"],
+                shuffle_buffer=3,
+                seed=2,
+                epochs=4,
+                output="python",
+            )
+        ][: len(web)]
+    )
+
+
+def test_dcp_roundtrip_two_ranks_resume_on_three(data, tmp_path):
+    """Each rank's state saved under its own key with torch.distributed.checkpoint (no process
+    group: one process) and loaded back whole: the mixture resumes on another number of ranks
+    with every row once per source-epoch."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    kw = dict(batch_size=5, even=None, on_exhausted="drop", max_epochs=1, samples=None)
+    seen, saved = [], {}
+    for r in range(2):
+        ds = mix(data, rank=r, world_size=2, **kw)
+        it = iter(ds)
+        for _ in range(3):
+            seen.extend(flat([key(next(it), True)]))
+        saved[f"shardstream/rank{r}"] = ds.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: single process"
+        dcp.save(
+            saved,
+            checkpoint_id=str(tmp_path / "dcp"),
+            planner=DefaultSavePlanner(flatten_state_dict=False),
+        )
+        template = dict.fromkeys(saved)
+        dcp.load(template, checkpoint_id=str(tmp_path / "dcp"))
+    for r in range(3):
+        ds = mix(data, rank=r, world_size=3, **kw)
+        ds.load_state_dict(list(template.values()))
+        seen.extend(flat(keys(ds)))
+    for t, n in enumerate(["code", "math", "web"]):
+        assert sorted(i for s, i in seen if s == t) == sorted(data[n].ids), n
+
+
+def test_states_of_another_mixture_are_refused(data):
+    ds = mix(data, batch_size=7)
+    next(iter(ds))
+    state = ds.state_dict()
+    with pytest.raises(StateError, match="batch_size: state has 7, mixture has 8"):
+        mix(data, batch_size=8).load_state_dict(state)
+    with pytest.raises(StateError, match="samples: state has 400, mixture has 10"):
+        mix(data, batch_size=7, samples=10).load_state_dict(state)
+    bad = json.loads(json.dumps(state))
+    bad["sources"]["web"]["position"]["cursor"] += 1
+    with pytest.raises(StateError, match='source "web": invalid state'):
+        mix(data, batch_size=7).load_state_dict(bad)
+    other_shuffle = mix(data, batch_size=7, sources=sources(data, shuffle=(0, 5, 4)))
+    with pytest.raises(
+        StateError, match='source "web".*shuffle_buffer: state has 3, dataset has 4'
+    ):
+        other_shuffle.load_state_dict(state)
+    with pytest.raises(StateError, match="ParquetStream's"):
+        mix(data, batch_size=7).load_state_dict(state["sources"]["web"])
+    with pytest.raises(StateError, match="Mixture state"):
+        ParquetStream(data["web"].root).load_state_dict(state)
+
+
+# ------------------------------------------------------------------ columns and output
+
+
+def test_columns_mixed_by_source_and_rows(data):
+    src = {
+        "web": ParquetStream(data["web"].root, columns=["id", "text", "tokens"]),
+        "code": ParquetStream(data["code"].root, columns=["tokens", "id", "label"]),
+    }
+    m = Mixture(src, weights={"web": 1, "code": 1}, batch_size=4, output="torch", samples=20)
+    assert m.schema.names == [
+        "tokens",
+        "id",
+        "source",
+    ]  # shared columns in the first source's order
+    b = next(iter(m))
+    assert set(b) == {"tokens", "id", "source"} and b["source"].dtype == torch.int16
+    m = Mixture(
+        src,
+        weights={"web": 1, "code": 1},
+        batch_size=4,
+        output="numpy",
+        combine="by_source",
+        samples=20,
+    )
+    b = next(iter(m))
+    assert set(b) == {"web", "code"}
+    assert set(b["web"]) == {"id", "text", "tokens"} and set(b["code"]) == {"tokens", "id", "label"}
+    assert len(b["web"]["id"]) + len(b["code"]["id"]) == 4
+    m = Mixture(src, weights={"web": 1, "code": 1}, output="python", samples=20)
+    rows = list(m)
+    assert len(rows) == 20
+    for r in rows:
+        own = (
+            {"id", "text", "tokens"}
+            if m.source_names[r["source"]] == "web"
+            else {"tokens", "id", "label"}
+        )
+        assert set(r) == own | {"source"}
+    with pytest.raises(SchemaError, match='column named "id"'):
+        Mixture(src, weights={"web": 1, "code": 1}, source_column="id")
+    clash = {
+        "web": ParquetStream(data["web"].root, columns=["id", "label"]),
+        "code": ParquetStream(data["code"].root, columns=["id", "tokens"]),
+    }
+    m = Mixture(
+        clash,
+        weights={"web": 1, "code": 1},
+        batch_size=3,
+        source_column=None,
+        output="numpy",
+        samples=6,
+    )
+    assert m.schema.names == ["id"]
+    assert all(set(b) == {"id"} and isinstance(b["id"], np.ndarray) for b in m)
+
+
+def test_source_stats_and_state_shape(data):
+    ds = mix(data, batch_size=10, samples=None)
+    it = iter(ds)
+    for _ in range(20):
+        next(it)
+    st = ds.source_stats()
+    assert sum(s["items"] for s in st.values()) == 200
+    assert st["math"]["epoch"] >= 1  # 17 rows, ~20 taken: into its second epoch
+    assert abs(st["web"]["items"] - 120) <= 1 and st["web"]["weight"] == pytest.approx(0.6)
+    state = ds.state_dict()
+    assert state["format"] == "shardstream.Mixture" and state["version"] == 1
+    assert set(state["sources"]) == {"web", "code", "math"}
+    assert all(s["format"] == "shardstream.ParquetStream" for s in state["sources"].values())
+    assert state["mixer"]["taken"] == {n: s["items"] for n, s in st.items()}
+
+
+def test_state_size_does_not_grow_with_items(data):
+    """Only numbers change with the position: the state's shape (every field, every string)
+    is the same after 10 items as after 2000; its size differs by digits only."""
+
+    def shape(n):
+        ds = mix(data, batch_size=1, samples=None, sources=sources(data, shuffle=(4, 4, 4)))
+        it = iter(ds)
+        for _ in range(n):
+            next(it)
+        st = ds.state_dict()
+        for s in st["sources"].values():
+            s["position"]["buffer"] = len(s["position"]["buffer"])  # 4 row ids, base64
+            s["position"]["seek"] = "?"  # None once a source's epoch input is all taken in
+        return re.sub(r"-?\d+", "0", json.dumps(st))
+
+    assert shape(10) == shape(2000)
+
+
+# ------------------------------------------------------------------ argument errors
+
+
+def test_argument_errors_name_the_argument(data):
+    src = sources(data)
+    with pytest.raises(ValueError, match="no weight for"):
+        Mixture(src, weights={"web": 1})
+    with pytest.raises(ValueError, match='"books" is not a source'):
+        Mixture(src, weights={"web": 1, "code": 1, "math": 1, "books": 1})
+    with pytest.raises(ValueError, match="source 'web' has batch_size=4"):
+        Mixture(
+            {**src, "web": ParquetStream(data["web"].root, batch_size=4)},
+            weights={"web": 1, "code": 1, "math": 1},
+        )
+    with pytest.raises(ValueError, match="max_epochs"):
+        Mixture(
+            {**src, "web": ParquetStream(data["web"].root, epochs=3)},
+            weights={"web": 1, "code": 1, "math": 1},
+        )
+    with pytest.raises(ValueError, match="needs mixing 'deterministic' or 'stratified'"):
+        Mixture(
+            src,
+            weights={"web": 1, "code": 1, "math": 1},
+            mixing="random",
+            on_exhausted={"math": "stop"},
+        )
+    with pytest.raises(ValueError, match="needs block"):
+        Mixture(src, weights={"web": 1, "code": 1, "math": 1}, mixing="stratified")
+    with pytest.raises(ValueError, match="sum to 0"):
+        Mixture(src, weights={"web": 0, "code": 0, "math": 0})
+    with pytest.raises(ValueError, match="first point must be at item 0"):
+        Mixture(src, weights=[(5, {"web": 1, "code": 1, "math": 1})])
+    with pytest.raises(ValueError, match="on_exhausted of 'web'"):
+        Mixture(src, weights={"web": 1, "code": 1, "math": 1}, on_exhausted={"web": "loop"})
+    w3 = {"web": 1, "code": 1, "math": 1}
+    with pytest.raises(ValueError, match='weights: the weight of "web" is -1; weights must be'):
+        Mixture(src, weights={**w3, "web": -1})
+    with pytest.raises(ValueError, match='the weight of "code" is NaN'):
+        Mixture(src, weights={**w3, "code": float("nan")})
+    with pytest.raises(ValueError, match='weights at item 100: the weight of "math" is -0.5'):
+        Mixture(src, weights=[(0, w3), (100, {**w3, "math": -0.5})])
+    with pytest.raises(TypeError, match="weight of 'web' must be a number"):
+        Mixture(src, weights={**w3, "web": "1"})
+    with pytest.raises(TypeError, match="weights must be a dict"):
+        Mixture(src, weights="web")
+    with pytest.raises(ValueError, match=r"max_epochs names \['books'\], which are not sources"):
+        Mixture(src, weights=w3, max_epochs={"books": 2})
+    with pytest.raises(ValueError, match="max_epochs of 'web' must be an int in \\[1, "):
+        Mixture(src, weights=w3, max_epochs={"web": 0})
+    with pytest.raises(TypeError, match="source 'web' must be a ParquetStream"):
+        Mixture({**src, "web": data["web"].root}, weights=w3)
+    with pytest.raises(TypeError, match="sources must be a non-empty dict"):
+        Mixture({}, weights={})
+    with pytest.raises(ValueError, match="pass rank and world_size together"):
+        Mixture(src, weights=w3, rank=0)
+    with pytest.raises(ValueError, match="samples must be an int"):
+        Mixture(src, weights=w3, samples=-1)
+
+
+# ------------------------------------------------------------------ command line
+
+
+def test_cli_state_shows_each_source(data, tmp_path, capsys):
+    from shardstream import cli
+    from shardstream.state import gather
+
+    loader = _loader(data, 2, batch_size=6, output="torch")
+    it = iter(loader)
+    for _ in range(9):
+        next(it)
+    saved = loader.state_dict()
+    del it
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"loader": saved, "step": 9}, ckpt)
+    assert cli.main(["state", str(ckpt), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    states = gather(saved)
+    assert len(out["states"]) == len(states) == 2
+    for got, st in zip(out["states"], states, strict=True):
+        assert got["format"] == "shardstream.Mixture" and got["started"] is True
+        assert got["items"] == st["mixer"]["items"] > 0
+        assert got["left"] == st["mixer"]["left"]
+        assert got["weights"]["points"][0]["weights"] == pytest.approx(
+            {"web": 0.6, "code": 0.3, "math": 0.1}, abs=1e-9
+        )
+        for n, s in got["sources"].items():
+            pos = st["sources"][n]["position"]
+            assert s["items"] == st["mixer"]["taken"][n]
+            assert (s["epoch"], s["emitted"], s["cursor"]) == (
+                pos["epoch"],
+                pos["emitted"],
+                pos["cursor"],
+            )
+            assert s["active"] is True and s["policy"]["on_exhausted"] == "cycle"
+    assert cli.main(["state", str(ckpt)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("source web") == 2 and "items taken; epoch" in text
+    # --source checks ParquetStream states; a mixture's says how to check it instead.
+    assert cli.main(["state", str(ckpt), "--source", data["web"].root]) == 1
+    assert "load it into its Mixture" in capsys.readouterr().out
+
+
+def test_only_the_newest_iterator_owns_the_position(data):
+    ds = mix(data, batch_size=5)
+    old = iter(ds)
+    first = next(old)
+    new = iter(ds)  # continues after `first`
+    with pytest.raises(RuntimeError, match="iter\\(\\) was called again on the same Mixture"):
+        next(old)
+    assert [key(first, True)] + keys(new) == keys(mix(data, batch_size=5))

@@ -1,0 +1,143 @@
+"""Hostile mixture states: ``test_reliability_fuzz``'s state mutations applied to real
+``Mixture.state_dict()`` output (its nested source states, mixer numbers, weights, policies),
+plus states of another mixture and of another layout.
+
+A load either raises ``StateError`` with a message (and leaves the mixture usable), or the
+stream it gives is one a valid state could give: every row a real row of its source, no row of
+a source twice (each source runs one epoch here, so a repeat would be a row yielded twice in a
+source-epoch), and ``state_dict()`` right after the load resumes the same stream.
+``SHARDSTREAM_STATE_FUZZ_EXAMPLES`` (default 250 per setting).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from shardstream import Mixture, ParquetStream, ShardstreamError, StateError
+from test_reliability_fuzz import MUTATIONS, _env_int, mutate_state
+
+MIX_SETTINGS = {
+    "deterministic-batches": dict(batch_size=5, mixing="deterministic"),
+    "stratified-rows": dict(batch_size=None, mixing="stratified", block=4),
+}
+
+
+def _mixture(small, tiny, setting: dict, *, swap: bool = False, **kw) -> Mixture:
+    roots = (tiny.root, small.root) if swap else (small.root, tiny.root)
+    src = {
+        "a": ParquetStream(roots[0], columns=["id"], shuffle_buffer=6, seed=1),
+        "b": ParquetStream(roots[1], columns=["id"], shuffle_buffer=3, seed=2),
+    }
+    return Mixture(
+        src,
+        weights={"a": 2, "b": 1},
+        on_exhausted="drop",
+        max_epochs=1,
+        output="python",
+        **setting,
+        **kw,
+    )
+
+
+def _keys(ds: Mixture, batched: bool) -> list[tuple[int, int]]:
+    out = []
+    for x in ds:
+        if batched:
+            out.extend(zip(x["source"], x["id"], strict=True))
+        else:
+            out.append((x["source"], x["id"]))
+    return out
+
+
+class _MixCtx:
+    """What mutate_state needs (states along a run, another dataset's, another layout's) plus
+    the rows of each source."""
+
+    def __init__(self, small, tiny, setting: dict):
+        self.make = lambda **kw: _mixture(small, tiny, setting, **kw)
+        self.batched = setting.get("batch_size") is not None
+        self.rows = {0: Counter(small.ids), 1: Counter(tiny.ids)}
+        self.n = len(small.ids)
+        ds = self.make()
+        self.states: list[Any] = [copy.deepcopy(ds.state_dict())]
+        it = iter(ds)
+        for _ in it:
+            self.states.append(copy.deepcopy(ds.state_dict()))
+        self.full = _keys(self.make(), self.batched)
+        other = _mixture(small, tiny, setting, swap=True)
+        next(iter(other))
+        self.other_dataset = copy.deepcopy(other.state_dict())
+        r1 = self.make(rank=1, world_size=2, even=None)
+        next(iter(r1))
+        self.other_layout = copy.deepcopy(r1.state_dict())
+
+
+@pytest.fixture(scope="module")
+def mix_ctx(small, tiny):
+    return {name: _MixCtx(small, tiny, s) for name, s in MIX_SETTINGS.items()}
+
+
+def check_loaded(ctx: _MixCtx, ds: Mixture, log: list[str]) -> str:
+    msg = f"mutations {log}"
+    try:
+        roundtrip = copy.deepcopy(ds.state_dict())
+        rest = _keys(ds, ctx.batched)
+    except StateError:
+        return "accepted, refused while iterating"
+    for s in (0, 1):
+        mine = Counter(i for t, i in rest if t == s)
+        assert not (mine - ctx.rows[s]), f"{msg}: rows not in source {s}: {mine - ctx.rows[s]}"
+        dup = [i for i, c in mine.items() if c > 1]
+        assert not dup, f"{msg}: rows of source {s} repeated within its epoch: {dup[:10]}"
+    ds2 = ctx.make()
+    ds2.load_state_dict(roundtrip)
+    assert _keys(ds2, ctx.batched) == rest, f"{msg}: state_dict() after the load resumes otherwise"
+    if len(rest) <= len(ctx.full) and ctx.full[len(ctx.full) - len(rest) :] == rest:
+        return "accepted, equal to a clean resume"
+    return "accepted, another valid stream"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("setting", list(MIX_SETTINGS))
+def test_hostile_mixture_states(mix_ctx, setting):
+    ctx = mix_ctx[setting]
+    outcomes: Counter[str] = Counter()
+
+    @settings(
+        max_examples=_env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250),
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        base_i=st.integers(0, len(ctx.states) - 1),
+        muts=st.lists(
+            st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 2**32)), min_size=1, max_size=3
+        ),
+    )
+    def fuzz(base_i, muts):
+        state, log = mutate_state(ctx, base_i, muts)  # type: ignore[arg-type]
+        ds = ctx.make()
+        try:
+            ds.load_state_dict(state)
+        except BaseException as e:  # noqa: BLE001 - PanicException must be seen
+            assert isinstance(e, Exception) and type(e).__name__ != "PanicException", (
+                f"mutations {log}: non-Exception {type(e).__mro__}: {e!r}"
+            )
+            assert isinstance(e, ShardstreamError), f"mutations {log}: {type(e).__name__}: {e}"
+            assert isinstance(e, StateError), f"mutations {log}: {type(e).__name__}: {e}"
+            assert str(e).strip(), f"mutations {log}: StateError without a message"
+            outcomes["refused with StateError"] += 1
+            assert _keys(ds, ctx.batched) == ctx.full  # the failed load left it usable
+            return
+        outcomes[check_loaded(ctx, ds, log)] += 1
+
+    fuzz()
+    print(f"\nhostile mixture states ({setting}): {dict(outcomes)}")
+    assert outcomes["refused with StateError"] > 0
+    assert outcomes["accepted, equal to a clean resume"] > 0
