@@ -215,9 +215,15 @@ fn open_parquet_row_group(
 ) -> Result<decode::Batches> {
     let meta = shard.reader_meta()?;
     if let Some(obj) = &shard.object {
-        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, roots, |r, d| {
-            obj.fetch_pages(r, d)
-        });
+        return open_pushed_row_group(
+            shard,
+            meta,
+            row_group,
+            selection,
+            batch_rows,
+            roots,
+            |r, d| obj.fetch_pages(r, d),
+        );
     }
     let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
     shard.check_unchanged(&file)?;
@@ -225,9 +231,15 @@ fn open_parquet_row_group(
         // Pieces are small and cut on page boundaries (prefetch.rs), so reading their pages up
         // front costs little memory, and decoding from memory was ~1.3x faster than the
         // page-at-a-time file reader in the iteration benchmark (README, "Measured figures").
-        return open_pushed_row_group(shard, meta, row_group, selection, batch_rows, roots, |r, _| {
-            read_ranges(&file, &shard.path, r)
-        });
+        return open_pushed_row_group(
+            shard,
+            meta,
+            row_group,
+            selection,
+            batch_rows,
+            roots,
+            |r, _| read_ranges(&file, &shard.path, r),
+        );
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
