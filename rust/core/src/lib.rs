@@ -25,6 +25,7 @@
 
 pub mod access;
 pub mod catalog;
+mod decode;
 pub mod elastic;
 pub mod error;
 pub mod mix;

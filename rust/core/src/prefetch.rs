@@ -11,7 +11,7 @@
 //! * Large row groups are cut into pieces of at most `piece_rows` rows when the file has an
 //!   offset index (each piece then decodes only its own pages), so even a few huge row groups
 //!   keep every thread busy. Cuts fall on page boundaries of the largest projected column where
-//!   possible, so its pages are fetched and decoded once (`page_aligned`). Without an offset
+//!   possible, so its pages are fetched and decoded once (`Costs`). Without an offset
 //!   index a piece would re-decode the pages before it, so those row groups stay whole.
 //! * Fork safety: threads are only started on the first read (inside the DataLoader worker), and a
 //!   prefetcher that finds itself in a different process than the one that started it (a fork
@@ -29,6 +29,7 @@ use crate::catalog::{Catalog, Shard};
 use crate::error::{panic_message, Error, Result};
 use crate::plan::{Segment, Segments};
 use crate::reader::SegmentReader;
+use parquet::file::page_index::offset_index::PageLocation;
 
 enum Msg {
     Batch(u64, RecordBatch),
@@ -36,52 +37,240 @@ enum Msg {
     Failed(Error),
 }
 
-/// The pieces of a slot's remaining input: segments cut to at most `piece_rows` rows where the
+/// The pieces of a slot's remaining input: segments cut to about `piece_rows` rows where the
 /// shard allows cheap seeks (it has an offset index), generated lazily.
+///
+/// Where a piece ends, the pages straddling the cut (in every projected column) and every
+/// dictionary page are decoded by both pieces. So a piece ends where that overhead is small next
+/// to the piece ([`Costs::good_end`]); otherwise it takes in the following segment of the same
+/// row group (up to [`MAX_PIECE_BYTES`]). E.g. `[id, score]` row groups of one page per column
+/// stay whole, while `[id, tokens]` is still cut on token pages every ~16k rows. (Local shards;
+/// remote ones keep their pieces as cut, see below.)
 #[derive(Clone)]
 pub struct Pieces {
     catalog: Arc<Catalog>,
     segments: Segments,
+    /// A segment read ahead that did not continue the last piece.
+    pending: Option<Segment>,
+    /// Rows in the pieces returned so far.
+    pos: u64,
 }
 
-impl Pieces {
-    pub fn new(catalog: Arc<Catalog>, segments: Segments) -> Self {
-        Pieces { catalog, segments }
+/// A piece and where it starts among the rows of the sequence (the first piece at 0): readers
+/// cut their batches on multiples of the batch size in those coordinates, so that the stream's
+/// output batches, counted from the same start, are slices of one decoded batch, not copies
+/// gathered from two (see [`SegmentReader::open`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub seg: Segment,
+    pub pos: u64,
+}
+
+impl std::ops::Deref for Piece {
+    type Target = Segment;
+    fn deref(&self) -> &Segment {
+        &self.seg
     }
 }
 
-impl Iterator for Pieces {
-    type Item = Segment;
-    fn next(&mut self) -> Option<Segment> {
+/// Compressed bytes (what a piece holds in memory while it decodes) beyond which segments are
+/// no longer merged into one piece.
+const MAX_PIECE_BYTES: u64 = 8 << 20;
+
+impl Pieces {
+    pub fn new(catalog: Arc<Catalog>, segments: Segments) -> Self {
+        Pieces {
+            catalog,
+            segments,
+            pending: None,
+            pos: 0,
+        }
+    }
+
+    fn next_segment(&mut self) -> Option<Segment> {
+        if let Some(s) = self.pending.take() {
+            return Some(s);
+        }
         let catalog = &self.catalog;
         self.segments.next_with(|shard, row_group, start, cap| {
             let shard = catalog.shard(shard);
-            shard
-                .has_offset_index()
-                .then(|| page_aligned(shard, row_group, start, cap).unwrap_or(cap))
+            shard.has_offset_index().then(|| {
+                Costs::of(shard, row_group)
+                    .and_then(|c| c.best_cut(start, cap))
+                    .unwrap_or(cap)
+            })
         })
     }
 }
 
-/// Where to end a piece that starts at row `start` of a row group and may hold `cap` rows: on a
-/// page boundary of the projected column with the most bytes in that row group, if one lies in
-/// the upper half of the allowance. A cut inside a page makes both pieces fetch and decode that
-/// page; for the dominant column (say, 1 MiB pages of token lists) that was a sizeable share of a
-/// remote read's bytes. `None`: no such boundary (cut at `cap`).
-fn page_aligned(shard: &Shard, row_group: usize, start: u64, cap: u64) -> Option<u64> {
-    let meta = shard.reader_meta().ok()?;
-    let md = meta.metadata();
-    let pages = md.offset_index()?.get(row_group)?;
-    let mask = shard.mask(meta);
-    let rg = md.row_group(row_group);
-    let col = (0..rg.num_columns())
-        .filter(|&c| mask.leaf_included(c))
-        .max_by_key(|&c| rg.column(c).compressed_size())?;
-    let locations = pages.get(col)?.page_locations();
-    let (lo, hi) = (start + cap / 2, start + cap);
-    let i = locations.partition_point(|p| (p.first_row_index.max(0) as u64) <= hi);
-    let first = locations[..i].last()?.first_row_index.max(0) as u64;
-    (first > start && first >= lo).then(|| first - start)
+impl Iterator for Pieces {
+    type Item = Piece;
+    fn next(&mut self) -> Option<Piece> {
+        let seg = self.merged()?;
+        let pos = self.pos;
+        self.pos += seg.len;
+        Some(Piece { seg, pos })
+    }
+}
+
+impl Pieces {
+    /// The next segment, with the following ones of its row group taken in while ending it
+    /// would cost too much (see [`Costs::good_end`]).
+    fn merged(&mut self) -> Option<Segment> {
+        let mut seg = self.next_segment()?;
+        let catalog = self.catalog.clone();
+        let shard = catalog.shard(seg.shard);
+        // Remote shards keep their pieces as cut: the store caches dictionary pages for the
+        // pieces after the first, a merged piece would be one larger download, and the first
+        // piece (after a resume) is short so that the first batch waits for little. A local
+        // piece is read into memory but decoded page by page as batches are taken, so a merged
+        // first piece costs a resume little more than the read.
+        let Some(costs) = (shard.has_offset_index() && shard.object.is_none())
+            .then(|| Costs::of(shard, seg.row_group))
+            .flatten()
+        else {
+            return Some(seg);
+        };
+        while !costs.good_end(seg.start, seg.start + seg.len) {
+            let Some(next) = self.next_segment() else {
+                break;
+            };
+            let continues = next.shard == seg.shard
+                && next.row_group == seg.row_group
+                && next.start == seg.start + seg.len
+                && next.first_row == seg.first_row + seg.len;
+            if !continues || costs.bytes(seg.start, next.start + next.len) > MAX_PIECE_BYTES {
+                self.pending = Some(next);
+                break;
+            }
+            seg.len += next.len;
+        }
+        Some(seg)
+    }
+}
+
+/// Decode cost estimates of one row group's projected columns, from its offset index: a page
+/// costs its compressed size times its column chunk's compression ratio (about the bytes it
+/// decompresses to).
+struct Costs<'a> {
+    cols: Vec<Col<'a>>,
+    rows: u64,
+}
+
+struct Col<'a> {
+    pages: &'a [PageLocation],
+    ratio: f64,
+    /// The dictionary page's estimated cost (0 without one).
+    dict: f64,
+}
+
+impl Col<'_> {
+    /// Index of the page holding row `r`.
+    fn page_of(&self, r: u64) -> usize {
+        self.pages
+            .partition_point(|p| (p.first_row_index.max(0) as u64) <= r)
+            .saturating_sub(1)
+    }
+    fn cost(&self, page: usize) -> f64 {
+        self.pages[page].compressed_page_size.max(0) as f64 * self.ratio
+    }
+}
+
+impl<'a> Costs<'a> {
+    fn of(shard: &'a Shard, row_group: usize) -> Option<Self> {
+        let meta = shard.reader_meta().ok()?;
+        let md = meta.metadata();
+        let index = md.offset_index()?.get(row_group)?;
+        let mask = shard.mask(meta);
+        let rg = md.row_group(row_group);
+        let cols = (0..rg.num_columns())
+            .filter(|&c| mask.leaf_included(c))
+            .map(|c| {
+                let chunk = rg.column(c);
+                let pages = index.get(c)?.page_locations().as_slice();
+                let ratio =
+                    chunk.uncompressed_size().max(1) as f64 / chunk.compressed_size().max(1) as f64;
+                let start = chunk.byte_range().0;
+                let dict = pages.first().map_or(0.0, |p| {
+                    (p.offset as u64).saturating_sub(start) as f64 * ratio
+                });
+                (!pages.is_empty()).then_some(Col { pages, ratio, dict })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Costs {
+            cols,
+            rows: rg.num_rows().max(0) as u64,
+        })
+    }
+
+    /// What cutting before row `r` costs twice: the pages it splits and every dictionary page.
+    fn overhead(&self, r: u64) -> f64 {
+        self.cols
+            .iter()
+            .map(|c| {
+                let p = c.page_of(r);
+                let split = (c.pages[p].first_row_index.max(0) as u64) < r;
+                c.dict + if split { c.cost(p) } else { 0.0 }
+            })
+            .sum()
+    }
+
+    /// Estimated decode cost of rows `a..b`: every page they touch, and the dictionaries.
+    fn span(&self, a: u64, b: u64) -> f64 {
+        self.cols
+            .iter()
+            .map(|c| {
+                c.dict
+                    + (c.page_of(a)..=c.page_of(b - 1))
+                        .map(|p| c.cost(p))
+                        .sum::<f64>()
+            })
+            .sum()
+    }
+
+    /// Compressed bytes of the pages holding rows `a..b`.
+    fn bytes(&self, a: u64, b: u64) -> u64 {
+        self.cols
+            .iter()
+            .map(|c| {
+                (c.page_of(a)..=c.page_of(b - 1))
+                    .map(|p| c.pages[p].compressed_page_size.max(0) as u64)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// Whether a piece of rows `a..b` may end at `b`: the row group ends there, or decoding twice
+    /// what the cut splits costs at most an eighth of the piece.
+    fn good_end(&self, a: u64, b: u64) -> bool {
+        b >= self.rows || b <= a || self.overhead(b) * 8.0 <= self.span(a, b)
+    }
+
+    /// Where to end a piece that starts at row `start` and may hold `cap` rows: the page
+    /// boundary (of any projected column) in the upper half of the allowance that splits the
+    /// fewest page bytes, the later on ties. `None`: no boundary there (cut at `cap`).
+    fn best_cut(&self, start: u64, cap: u64) -> Option<u64> {
+        let (lo, hi) = (start + cap / 2, start + cap);
+        let mut best: Option<(f64, u64)> = None;
+        for c in &self.cols {
+            let from = c
+                .pages
+                .partition_point(|p| (p.first_row_index.max(0) as u64) < lo);
+            for p in &c.pages[from..] {
+                let r = p.first_row_index.max(0) as u64;
+                if r > hi {
+                    break;
+                }
+                if r > start {
+                    let o = self.overhead(r);
+                    if best.is_none_or(|(bo, br)| o < bo || (o == bo && r > br)) {
+                        best = Some((o, r));
+                    }
+                }
+            }
+        }
+        best.map(|(_, r)| r - start)
+    }
 }
 
 /// Background decoding of a fixed list of pieces, consumed in order.
@@ -149,7 +338,7 @@ impl Drop for Prefetcher {
 
 fn decode_pieces(
     catalog: Arc<Catalog>,
-    pieces: impl Iterator<Item = Segment>,
+    pieces: impl Iterator<Item = Piece>,
     tx: SyncSender<Msg>,
     stop: Arc<AtomicBool>,
     batch_rows: usize,
@@ -177,5 +366,124 @@ fn decode_pieces(
     });
     if let Err(e) = outcome {
         let _ = tx.send(Msg::Failed(e));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::EpochPlan;
+    use arrow_array::{ArrayRef, Float64Array, Int64Array};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use proptest::prelude::*;
+
+    /// One shard of `[id int64, big list<float64> of 64 items]`: `big` (64x the bytes of `id`)
+    /// has a page every `big_page` rows, `id` one page per row group.
+    fn shard(dir: &std::path::Path, rows: usize, rg: usize, big_page: usize) -> Arc<Catalog> {
+        let path = dir.join("s.parquet");
+        let ids: Vec<i64> = (0..rows as i64).collect();
+        let values = Float64Array::from_iter_values((0..rows * 64).map(|i| i as f64 * 1.5));
+        let item = Arc::new(arrow_schema::Field::new(
+            "item",
+            arrow_schema::DataType::Float64,
+            false,
+        ));
+        let offsets = arrow_buffer::OffsetBuffer::from_lengths(std::iter::repeat_n(64, rows));
+        let big = arrow_array::ListArray::new(item, offsets, Arc::new(values), None);
+        let batch = arrow_array::RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(ids)) as ArrayRef),
+            ("big", Arc::new(big) as ArrayRef),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(rg))
+            .set_dictionary_enabled(false)
+            .set_write_batch_size(big_page)
+            .set_column_data_page_size_limit("id".into(), usize::MAX)
+            .set_column_data_page_size_limit(
+                parquet::schema::types::ColumnPath::new(vec![
+                    "big".into(),
+                    "list".into(),
+                    "item".into(),
+                ]),
+                big_page * 512,
+            )
+            .build();
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            batch.schema(),
+            Some(props),
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        Arc::new(Catalog::open(&[path.display().to_string()], None).unwrap())
+    }
+
+    fn pieces(cat: &Arc<Catalog>, cap: u64, first: u64) -> (Vec<Segment>, Vec<Segment>) {
+        let plan = Arc::new(EpochPlan::new(cat.units(), 3, 0, true));
+        let total = plan.total();
+        let range = 0..total;
+        let segs = || Segments::new(plan.clone(), vec![range.clone()], cap).with_ramp(first);
+        let plain: Vec<Segment> = segs().collect();
+        let pieces: Vec<Piece> = Pieces::new(cat.clone(), segs()).collect();
+        let mut pos = 0;
+        for p in &pieces {
+            assert_eq!(p.pos, pos, "a piece's position is the rows before it");
+            pos += p.len;
+        }
+        (pieces.into_iter().map(|p| p.seg).collect(), plain)
+    }
+
+    fn rows(s: &[Segment]) -> Vec<(usize, usize, u64, u64)> {
+        s.iter()
+            .flat_map(|s| {
+                (0..s.len).map(move |k| (s.shard, s.row_group, s.start + k, s.first_row + k))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn single_page_row_groups_stay_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        // `big` pages as large as the row group: nowhere to cut without decoding a page twice
+        let cat = shard(dir.path(), 1000, 200, 200);
+        let (p, plain) = pieces(&cat, 30, 10);
+        assert_eq!(rows(&p), rows(&plain));
+        assert!(plain.len() > 5 * p.len());
+        for s in &p {
+            assert!(s.start == 0 && s.len == 200, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn many_page_row_groups_are_cut_on_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        // `big` has a page every 20 rows and dominates the bytes: cut there, near the cap
+        let cat = shard(dir.path(), 1000, 500, 20);
+        let (p, plain) = pieces(&cat, 100, 10);
+        assert_eq!(rows(&p), rows(&plain));
+        for s in &p {
+            assert!(
+                s.len <= 100 && (s.start + s.len) % 20 == 0 || s.start + s.len == 500,
+                "{s:?}"
+            );
+        }
+        assert!(p.len() >= 10, "cut, not merged: {}", p.len());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+        /// Merged or not, pieces are the plain segments' rows in the same order.
+        #[test]
+        fn pieces_are_the_segments_rows(rows_n in 1usize..400, rg in 1usize..150, page in 1usize..60,
+                                        cap in 1u64..80, first in 1u64..40) {
+            let dir = tempfile::tempdir().unwrap();
+            let cat = shard(dir.path(), rows_n, rg, page);
+            let (p, plain) = pieces(&cat, cap, first);
+            prop_assert_eq!(rows(&p), rows(&plain));
+        }
     }
 }

@@ -1,54 +1,64 @@
 //! Reading rows: where resume seeks.
 //!
 //! Every read goes through one row group of one shard with a `RowSelection` (skip `start`, select
-//! `len`). With the file's offset index (loaded once in the catalog), the parquet reader drops the
-//! pages before `start` without reading or decompressing them and decodes only from the page
-//! holding row `start`; without one it still skips rows but must read page headers. Either way no
+//! `len`). With the file's offset index (loaded once in the catalog), only the pages holding
+//! selected rows are read and decoded, from the page holding row `start`; without one the row
+//! group is streamed and rows before `start` are skipped (page headers still read). Either way no
 //! row before the resume point is ever handed to the caller, and the cost of a seek does not grow
 //! with the position. Remote shards (object stores), and local ones with an offset index, fetch
-//! the selected pages first and decode from memory: see `open_pushed_row_group`.
+//! the selected pages first and decode from memory: see `open_pushed_row_group`. An IPC shard's
+//! unit is one record batch (`open_ipc_batch`).
 
 use std::fs::File;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, RecordBatch};
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection,
-    RowSelector,
+    ArrowReaderMetadata, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
 };
-use parquet::arrow::push_decoder::ParquetPushDecoderBuilder;
 use parquet::arrow::ProjectionMask;
-use parquet::DecodeResult;
 
 use crate::catalog::{ipc, Catalog, Shard};
+use crate::decode;
 use crate::error::{shard_guard, Error, Result};
-use crate::plan::Segment;
+use crate::prefetch::Piece;
 
-/// Reads one [`Segment`] as record batches in the catalog's output schema.
+/// Reads one [`Piece`] as record batches in the catalog's output schema.
 pub struct SegmentReader {
     catalog: Arc<Catalog>,
     shard: usize,
     row_group: usize,
     inner: Batches,
+    /// Per output column: check its UTF-8 after decoding (see [`utf8_check`]).
+    checks: Vec<bool>,
     next_row: u64,
     remaining: u64,
 }
 
 impl SegmentReader {
-    pub fn open(catalog: Arc<Catalog>, seg: &Segment, batch_rows: usize) -> Result<Self> {
+    /// A reader of `piece` in batches of `batch_rows` rows, cut on multiples of `batch_rows`
+    /// counted from the start of the piece sequence (where a row group's columns all decode in
+    /// [`decode`]; arrow-rs readers cut from the piece's start).
+    pub fn open(catalog: Arc<Catalog>, piece: &Piece, batch_rows: usize) -> Result<Self> {
+        let seg = &piece.seg;
         let selection = vec![
             RowSelector::skip(seg.start as usize),
             RowSelector::select(seg.len as usize),
         ];
         let shard = catalog.shard(seg.shard);
+        let batch_rows = batch_rows.max(1);
+        let lead = batch_rows - (piece.pos % batch_rows as u64) as usize;
         let inner = shard_guard(&shard.path, || {
             open_row_group(shard, seg.row_group, selection, batch_rows, &shard.roots)
+                .map(|b| b.with_first_batch(lead))
         })?;
+        let checks = utf8_checks(shard)?;
         Ok(SegmentReader {
             shard: seg.shard,
             catalog,
             row_group: seg.row_group,
             inner,
+            checks,
             next_row: seg.first_row,
             remaining: seg.len,
         })
@@ -61,12 +71,16 @@ impl SegmentReader {
         }
         let shard = self.catalog.shard(self.shard);
         let inner = &mut self.inner;
-        let next = shard_guard(&shard.path, || Ok(inner.next()))?;
-        let batch = match next {
-            Some(b) => b.map_err(|e| {
-                Error::shard(&shard.path, format!("row group {}: {e}", self.row_group))
-            })?,
-            None => {
+        let next = shard_guard(&shard.path, || Ok(inner.next_batch()))?;
+        let (n, columns) = match next {
+            Ok(Some(b)) => b,
+            Err(e) => {
+                return Err(Error::shard(
+                    &shard.path,
+                    format!("row group {}: {e}", self.row_group),
+                ))
+            }
+            Ok(None) => {
                 return Err(Error::shard(
                     &shard.path,
                     format!(
@@ -76,7 +90,7 @@ impl SegmentReader {
                 ))
             }
         };
-        let n = batch.num_rows() as u64;
+        let n = n as u64;
         if n == 0 || n > self.remaining {
             return Err(Error::shard(
                 &shard.path,
@@ -89,13 +103,35 @@ impl SegmentReader {
         let first = self.next_row;
         self.next_row += n;
         self.remaining -= n;
-        Ok(Some((first, to_output(&self.catalog, shard, batch)?)))
+        let out = to_output(&self.catalog, shard, &self.checks, n as usize, columns)?;
+        Ok(Some((first, out)))
     }
 }
 
-/// Decoded batches of one unit, in the shard's own column order (projected), whatever the format.
-type Batches =
-    Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>> + Send>;
+/// Decoded batches of one unit as (rows, projected columns in the shard's own order), whatever
+/// the format.
+enum Batches {
+    Parquet(Box<decode::Batches>),
+    /// Zero-copy slices of one decoded IPC record batch.
+    Ipc(std::vec::IntoIter<RecordBatch>),
+}
+
+impl Batches {
+    fn next_batch(&mut self) -> parquet::errors::Result<Option<(usize, Vec<ArrayRef>)>> {
+        match self {
+            Batches::Parquet(b) => b.next_batch(),
+            Batches::Ipc(it) => Ok(it.next().map(|b| (b.num_rows(), b.columns().to_vec()))),
+        }
+    }
+
+    /// See [`decode::Batches::with_first_batch`]; an IPC batch is already decoded whole.
+    fn with_first_batch(self, rows: usize) -> Self {
+        match self {
+            Batches::Parquet(b) => Batches::Parquet(Box::new(b.with_first_batch(rows))),
+            ipc => ipc,
+        }
+    }
+}
 
 /// `roots`: the file's root columns to decode (sorted; `shard.roots` for every output column).
 /// The one place the read path dispatches on the shard's format.
@@ -107,11 +143,12 @@ fn open_row_group(
     roots: &[usize],
 ) -> Result<Batches> {
     if let Some(index) = shard.ipc() {
-        return open_ipc_batch(shard, index, row_group, selection, batch_rows, roots);
+        let batches = open_ipc_batch(shard, index, row_group, selection, batch_rows, roots)?;
+        return Ok(Batches::Ipc(batches));
     }
-    Ok(Box::new(open_parquet_row_group(
+    Ok(Batches::Parquet(Box::new(open_parquet_row_group(
         shard, row_group, selection, batch_rows, roots,
-    )?))
+    )?)))
 }
 
 /// One IPC record batch: its bytes (a local file memory-mapped, so uncompressed columns are
@@ -124,7 +161,7 @@ fn open_ipc_batch(
     selection: Vec<RowSelector>,
     batch_rows: usize,
     roots: &[usize],
-) -> Result<Batches> {
+) -> Result<std::vec::IntoIter<RecordBatch>> {
     let ranges = index.ranges_for(b);
     let bufs: Vec<arrow_buffer::Buffer> = match &shard.object {
         Some(obj) => obj
@@ -160,13 +197,13 @@ fn open_ipc_batch(
             let mut i = at;
             while i < end.min(batch.num_rows()) {
                 let n = step.min(end - i).min(batch.num_rows() - i);
-                out.push(Ok(batch.slice(i, n)));
+                out.push(batch.slice(i, n));
                 i += n;
             }
         }
         at += sel.row_count;
     }
-    Ok(Box::new(out.into_iter()))
+    Ok(out.into_iter())
 }
 
 fn open_parquet_row_group(
@@ -175,9 +212,8 @@ fn open_parquet_row_group(
     selection: Vec<RowSelector>,
     batch_rows: usize,
     roots: &[usize],
-) -> Result<ParquetRecordBatchReader> {
+) -> Result<decode::Batches> {
     let meta = shard.reader_meta()?;
-    let mask = ProjectionMask::roots(meta.parquet_schema(), roots.iter().copied());
     if let Some(obj) = &shard.object {
         return open_pushed_row_group(
             shard,
@@ -185,7 +221,7 @@ fn open_parquet_row_group(
             row_group,
             selection,
             batch_rows,
-            mask,
+            roots,
             |r, d| obj.fetch_pages(r, d),
         );
     }
@@ -201,110 +237,102 @@ fn open_parquet_row_group(
             row_group,
             selection,
             batch_rows,
-            mask,
+            roots,
             |r, _| read_ranges(&file, &shard.path, r),
         );
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
-    ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
         .with_row_groups(vec![row_group])
-        .with_projection(mask)
+        .with_projection(ProjectionMask::roots(
+            meta.parquet_schema(),
+            roots.iter().copied(),
+        ))
         .with_row_selection(RowSelection::from(selection))
         .with_batch_size(batch_rows.max(1))
         .build()
-        .map_err(|e| Error::shard(&shard.path, format!("row group {row_group}: {e}")))
+        .map_err(|e| Error::shard(&shard.path, format!("row group {row_group}: {e}")))?;
+    Ok(decode::Batches::arrow_rs(reader, roots.len()))
 }
 
-/// `ranges` of a local file, read with `pread` (no shared file position: threads may share it).
+/// `ranges` of a local file. The file was opened for this piece alone, so its position is ours
+/// to move; `read_to_end` into reserved capacity skips zero-filling every buffer first.
 fn read_ranges(
-    file: &File,
+    mut file: &File,
     path: &std::path::Path,
     ranges: Vec<std::ops::Range<u64>>,
 ) -> Result<Vec<bytes::Bytes>> {
-    use std::os::unix::fs::FileExt;
+    use std::io::{Read, Seek, SeekFrom};
     ranges
         .into_iter()
         .map(|r| {
-            let mut buf = vec![0u8; (r.end - r.start) as usize];
-            file.read_exact_at(&mut buf, r.start)
+            let n = (r.end - r.start) as usize;
+            let mut buf = Vec::with_capacity(n);
+            file.seek(SeekFrom::Start(r.start))
+                .and_then(|_| file.take(n as u64).read_to_end(&mut buf))
                 .map_err(|e| Error::io(path, e))?;
+            if buf.len() != n {
+                return Err(Error::shard(
+                    path,
+                    format!("file ended inside bytes {}..{}", r.start, r.end),
+                ));
+            }
             Ok(bytes::Bytes::from(buf))
         })
         .collect()
 }
 
-/// The read through arrow-rs's push decoder (every remote shard, local shards with an offset
-/// index): given the same row group, projection and selection, it names the byte ranges it needs
-/// (with an offset index, just the pages holding selected rows, plus dictionary pages); `fetch`
-/// gets them (for an object store: coalesced, in parallel, dictionary pages cached) and decoding
-/// then runs from memory.
+/// The read from memory (every remote shard, local shards with an offset index): the pages
+/// holding selected rows (with an offset index, just those, plus dictionary pages) are named up
+/// front, `fetch` gets them (for an object store: coalesced, in parallel, dictionary pages
+/// cached), then flat and list-of-primitive columns decode in `decode`, the rest in arrow-rs.
 fn open_pushed_row_group(
     shard: &Shard,
     meta: &ArrowReaderMetadata,
     row_group: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
-    mask: ProjectionMask,
-    mut fetch: impl FnMut(
-        Vec<std::ops::Range<u64>>,
-        &[std::ops::Range<u64>],
-    ) -> Result<Vec<bytes::Bytes>>,
-) -> Result<ParquetRecordBatchReader> {
+    roots: &[usize],
+    fetch: impl FnMut(Vec<std::ops::Range<u64>>, &[std::ops::Range<u64>]) -> Result<Vec<bytes::Bytes>>,
+) -> Result<decode::Batches> {
     let bad = |e: parquet::errors::ParquetError| {
         Error::shard(&shard.path, format!("row group {row_group}: {e}"))
     };
-    let mut decoder = ParquetPushDecoderBuilder::new_with_metadata(meta.clone())
-        .with_row_groups(vec![row_group])
-        .with_projection(mask)
-        .with_row_selection(RowSelection::from(selection))
-        .with_batch_size(batch_rows.max(1))
-        .build()
-        .map_err(bad)?;
-    // The decoder asks for each column's dictionary page as its own range (chunk start to the
-    // first data page): those are the same for every piece of this row group.
-    let rg = meta.metadata().row_group(row_group);
-    let first_pages = meta
-        .metadata()
-        .offset_index()
-        .and_then(|oi| oi.get(row_group));
-    let dictionaries: Vec<std::ops::Range<u64>> = (0..rg.num_columns())
-        .filter_map(|c| {
-            let start = rg.column(c).dictionary_page_offset()?;
-            let end = first_pages?.get(c)?.page_locations().first()?.offset;
-            (0 <= start && start < end).then_some(start as u64..end as u64)
-        })
-        .collect();
-    loop {
-        match decoder.try_next_reader().map_err(bad)? {
-            DecodeResult::NeedsData(ranges) => {
-                let data = fetch(ranges.clone(), &dictionaries)?;
-                decoder.push_ranges(ranges, data).map_err(bad)?;
-            }
-            DecodeResult::Data(reader) => return Ok(reader),
-            DecodeResult::Finished => {
-                return Err(Error::shard(
-                    &shard.path,
-                    format!("row group {row_group}: the decoder returned no rows"),
-                ))
-            }
-        }
-    }
+    decode::open_row_group(
+        meta, row_group, roots, selection, batch_rows, shard.size, fetch, bad,
+    )
 }
 
-/// One decoded column as output column `field`: string data checked, cast to the output
-/// schema's type where this shard's type differs (see [`to_output`]).
+/// Whether root column `root` of `shard` needs its UTF-8 checked after decoding. arrow-rs checks
+/// Parquet STRING columns itself but not e.g. JSON ones (also read as utf8): invalid bytes would
+/// reach Python as a broken array. Decided from the footer, so the common case costs nothing per
+/// batch. arrow-ipc validates what it decodes (UTF-8 included).
+fn utf8_check(shard: &Shard, root: usize) -> Result<bool> {
+    if shard.ipc().is_some() {
+        return Ok(false);
+    }
+    Ok(decode::needs_utf8_check(shard.reader_meta()?, root))
+}
+
+/// [`utf8_check`] per output column of `shard`.
+fn utf8_checks(shard: &Shard) -> Result<Vec<bool>> {
+    shard
+        .reorder
+        .iter()
+        .map(|&i| utf8_check(shard, shard.roots[i]))
+        .collect()
+}
+
+/// One decoded column as output column `field`: string data checked if `check`, cast to the
+/// output schema's type where this shard's type differs (see [`to_output`]).
 fn output_column(
     shard: &Shard,
     field: &arrow_schema::Field,
-    col: &arrow_array::ArrayRef,
-) -> Result<arrow_array::ArrayRef> {
-    // arrow-rs validates UTF-8 for STRING columns but not for JSON ones (also read as
-    // utf8): invalid bytes would reach Python as a broken array. Check every string column.
-    if matches!(
-        col.data_type(),
-        arrow_schema::DataType::Utf8 | arrow_schema::DataType::LargeUtf8
-    ) {
-        col.to_data().validate_values().map_err(|e| {
+    col: &ArrayRef,
+    check: bool,
+) -> Result<ArrayRef> {
+    if check {
+        col.to_data().validate_full().map_err(|e| {
             Error::shard(
                 &shard.path,
                 format!("column {:?}: invalid string data: {e}", field.name()),
@@ -329,12 +357,23 @@ fn output_column(
 /// Reorder a file's projected columns into the requested order, each cast to the output
 /// schema's type where this shard's type differs (see `catalog::schema`: a `null` column, other
 /// list child names or nullability, narrower dictionary keys, another time zone name).
-fn to_output(catalog: &Catalog, shard: &Shard, batch: RecordBatch) -> Result<RecordBatch> {
+fn to_output(
+    catalog: &Catalog,
+    shard: &Shard,
+    checks: &[bool],
+    rows: usize,
+    columns: Vec<ArrayRef>,
+) -> Result<RecordBatch> {
     let mut cols = Vec::with_capacity(shard.reorder.len());
-    for (&i, field) in shard.reorder.iter().zip(catalog.schema().fields()) {
-        cols.push(output_column(shard, field, batch.column(i))?);
+    for ((&i, field), &check) in shard
+        .reorder
+        .iter()
+        .zip(catalog.schema().fields())
+        .zip(checks)
+    {
+        cols.push(output_column(shard, field, &columns[i], check)?);
     }
-    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
     RecordBatch::try_new_with_options(catalog.schema().clone(), cols, &options)
         .map_err(|e| Error::shard(&shard.path, format!("unexpected column data: {e}")))
 }
@@ -442,10 +481,14 @@ fn read_group_inner(
     }
     let mut out = Vec::new();
     let mut got = 0u64;
-    for b in open_row_group(shard, g, selection, batch_rows, &shard.roots)? {
-        let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
-        got += b.num_rows() as u64;
-        out.push(to_output(catalog, shard, b)?);
+    let mut batches = open_row_group(shard, g, selection, batch_rows, &shard.roots)?;
+    let checks = utf8_checks(shard)?;
+    while let Some((n, columns)) = batches
+        .next_batch()
+        .map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?
+    {
+        got += n as u64;
+        out.push(to_output(catalog, shard, &checks, n, columns)?);
     }
     if got != ids.len() as u64 {
         return Err(Error::shard(
@@ -472,10 +515,14 @@ pub fn read_column(
     let field = catalog.schema().field(column);
     shard_guard(&shard.path, || {
         let mut out = Vec::new();
-        for b in open_row_group(shard, g, selection, batch_rows, &[root])? {
-            let b = b.map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?;
+        let mut batches = open_row_group(shard, g, selection, batch_rows, &[root])?;
+        let check = utf8_check(shard, root)?;
+        while let Some((_, columns)) = batches
+            .next_batch()
+            .map_err(|e| Error::shard(&shard.path, format!("row group {g}: {e}")))?
+        {
             // As to_output does for whole batches: checked and cast to the output type.
-            out.push(output_column(shard, field, b.column(0))?);
+            out.push(output_column(shard, field, &columns[0], check)?);
         }
         Ok(out)
     })
