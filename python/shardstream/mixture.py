@@ -289,7 +289,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             raise ValueError("block is for mixing='stratified'")
         if pack is not None:
             if not isinstance(pack, Pack):
-                raise TypeError(f"pack must be a shardstream.Pack or None, got {type(pack).__name__}")
+                raise TypeError(
+                    f"pack must be a shardstream.Pack or None, got {type(pack).__name__}"
+                )
             if combine != "mixed":
                 raise ValueError(
                     "combine='by_source' does not apply with pack=: a packed row mixes sources "

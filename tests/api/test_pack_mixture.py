@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from shardstream import Mixture, Pack, ParquetStream, StateError
-
 from test_pack import M, check_rows, pieces, rows_of, same, tokens, write_docs
 
 B0 = 1000  # source "b"'s documents are 1000, 1001, ...: a token says its source
@@ -32,7 +31,9 @@ def srcs(tmp_path_factory):
     rb = str(tmp_path_factory.mktemp("b"))
     ids = [B0 + i for i in range(len(lb))]
     toks = [[d * M + j for j in range(n)] for d, n in zip(ids, lb, strict=True)]
-    t = pa.table({"id": pa.array(ids, pa.int64()), "input_ids": pa.array(toks, pa.list_(pa.int32()))})
+    t = pa.table(
+        {"id": pa.array(ids, pa.int64()), "input_ids": pa.array(toks, pa.list_(pa.int32()))}
+    )
     pq.write_table(t, os.path.join(rb, "b.parquet"), row_group_size=25)
     return ra, rb, la, lb
 
