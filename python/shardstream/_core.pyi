@@ -145,6 +145,7 @@ class RawMixture:
         samples: int | None,
         combine: str,
         source_column: str | None,
+        pack: dict[str, Any] | None = None,
     ) -> RawMixture: ...
     @property
     def names(self) -> list[str]: ...

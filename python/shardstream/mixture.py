@@ -30,6 +30,7 @@ from ._iterator import StreamIterator
 from .convert import OUTPUTS, Converter
 from .dataset import ParquetStream
 from .errors import StateError
+from .pack import Pack, PackConverter
 
 # Never imported here (as in dataset.py): registered as a torch IterableDataset once torch is
 # there (_torch.py).
@@ -184,6 +185,14 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             batch}``, each with its own columns; sources without rows in it are left out).
         source_column: name of the tag column (int16 index into :attr:`source_names`), or
             ``None`` for none.
+        pack: a :class:`shardstream.Pack`: pack the mixture's documents *after mixing* (the
+            weights are proportions of documents; ``samples`` counts documents). Items are then
+            ``batch_size`` packed rows (one in row mode) as with ``ParquetStream(pack=...)``,
+            plus ``source_ids`` (int16 ``[batch, seq_len]``: each token's source as an index
+            into :attr:`source_names`, ``-1`` on padding). The packer's pending documents are
+            in the state as (source, row id, token range). Every source needs the token column;
+            ``combine`` must be ``"mixed"``; sources must not pack themselves (packing each
+            source and then mixing packed rows is not supported).
 
     Raises:
         ValueError, TypeError: an argument is out of range or of the wrong type (named).
@@ -231,6 +240,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         list_format: str = "split",
         combine: str = "mixed",
         source_column: str | None = "source",
+        pack: Pack | None = None,
     ) -> None:
         _torch.register_if_loaded(Mixture)  # in case the import hook could not run
         if not isinstance(sources, Mapping) or not sources:
@@ -250,8 +260,10 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
                 raise ValueError(f"source {n!r} has rank/world_size: pass them to Mixture")
             if s._pack is not None:
                 raise ValueError(
-                    f"source {n!r} packs (pack=...): packing inside or after a Mixture is not "
-                    "supported yet; pack a single ParquetStream"
+                    f"source {n!r} packs (pack=...): packing each source and then mixing packed "
+                    "rows is not supported; pack after mixing instead: give the sources "
+                    "unpacked and pass Mixture(..., pack=Pack(...)) (rows mix sources, "
+                    "proportions by documents, a per-token source_ids column)"
                 )
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
@@ -275,6 +287,21 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             block = batch_size
         if mixing != "stratified" and block is not None:
             raise ValueError("block is for mixing='stratified'")
+        if pack is not None:
+            if not isinstance(pack, Pack):
+                raise TypeError(
+                    f"pack must be a shardstream.Pack or None, got {type(pack).__name__}"
+                )
+            if combine != "mixed":
+                raise ValueError(
+                    "combine='by_source' does not apply with pack=: a packed row mixes sources "
+                    "(its source_ids column says which token came from which)"
+                )
+            for n, s in sorted(sources.items()):
+                try:
+                    pack.check_schema(s.catalog.schema)
+                except ValueError as e:
+                    raise ValueError(f"source {n!r}: {e}") from None
         if source_column is not None and not isinstance(source_column, str):
             raise TypeError(f"source_column must be a str or None, got {source_column!r}")
         _slots.check_rank(rank, world_size)
@@ -299,7 +326,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             samples=samples,
             combine=combine,
             source_column=source_column,
+            pack=None if pack is None else pack.record(),
         )
+        self._pack = pack
         self._policies = policies
         self._caps = caps
         self._output = output
@@ -429,7 +458,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._start_point()
-        conv = _MixConverter(self, self.raw)
+        conv: Any = (
+            PackConverter(self._output) if self._pack is not None else _MixConverter(self, self.raw)
+        )
         self._iter = StreamIterator(self, conv, self.batch_size is not None)  # type: ignore[arg-type]
         return self._iter
 

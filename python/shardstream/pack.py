@@ -125,6 +125,8 @@ class Pack:
 
 
 _COLUMNS = ("input_ids", "labels", "position_ids", "segment_ids")
+# Packed after a Mixture: each token's source (index into Mixture.source_names; -1 = padding).
+_SOURCE_IDS = "source_ids"
 
 
 def cu_seqlens(segment_ids: np.ndarray) -> np.ndarray:
@@ -158,7 +160,8 @@ class PackConverter:
         """The four columns as [rows, seq_len] views of the core's buffers (fixed-size lists
         without nulls: the values are the matrix), in the output's array type."""
         out: dict[str, Any] = {}
-        for name in _COLUMNS:
+        names = _COLUMNS + ((_SOURCE_IDS,) if _SOURCE_IDS in rb.schema.names else ())
+        for name in names:
             col = rb.column(name)
             shape = (len(col), col.type.list_size)
             if self._torch is not None:
@@ -195,5 +198,5 @@ class PackConverter:
         arrays = self._arrays(rb)
         for i in range(rb.num_rows):
             # One [1, seq_len] row through the batch path, then its [seq_len] rows.
-            d = self._finish({k: arrays[k][i : i + 1] for k in _COLUMNS})
-            yield {k: (v[0] if k in _COLUMNS else v) for k, v in d.items()}
+            d = self._finish({k: arrays[k][i : i + 1] for k in arrays})
+            yield {k: (v[0] if k in arrays else v) for k, v in d.items()}

@@ -460,5 +460,5 @@ def test_a_packing_source_in_a_mixture_is_refused(docs):
     from shardstream import Mixture
 
     root, _ = docs
-    with pytest.raises(ValueError, match="packing inside or after a Mixture"):
+    with pytest.raises(ValueError, match="pack after mixing instead"):
         Mixture({"a": stream(root, Pack(seq_len=8), batch_size=None)}, weights={"a": 1.0})

@@ -372,3 +372,128 @@ def test_hostile_states(state_ctx, setting):
     fuzz()
     print(f"\nhostile states ({setting}): {dict(OUTCOMES)}")
     assert OUTCOMES["refused with StateError"] > 0
+
+
+# --------------------------------------------------------------------------- hostile pack states
+
+PACK_SETTINGS = {
+    "concat-batches": dict(seq_len=24),
+    "best-fit": dict(seq_len=24, algorithm="best_fit", buffer_docs=6, eos_id=9999),
+}
+
+
+class _PackCtx:
+    """Real states of a packing stream (``pack=Pack(...)`` over the ``tokens`` column) along
+    one run, plus another dataset's and another layout's, for ``mutate_state``."""
+
+    def __init__(self, small, tiny, pack: dict):
+        from shardstream import Pack
+
+        self.root = small.root
+        self.pack = Pack(column="tokens", **pack)
+        self.settings = dict(
+            columns=["tokens"],
+            output="numpy",
+            batch_size=2,
+            shuffle_buffer=7,
+            seed=3,
+            pack=self.pack,
+        )
+        self.n = len(small.ids)
+        ds = make_ds(self.root, self.settings)
+        self.states: list[Any] = [copy.deepcopy(ds.state_dict())]
+        full = []
+        for item in ds:
+            full.append((item["input_ids"], item["segment_ids"]))
+            self.states.append(copy.deepcopy(ds.state_dict()))
+        self.full = [ids for ids, _ in full]
+        # every real token of the data (with the EOS each document gets)
+        self.tokens = {int(t) for ids, seg in full for t in ids[seg > 0]}
+        other = make_ds(tiny.root, self.settings)
+        take(iter(other), 2)
+        self.other_dataset = copy.deepcopy(other.state_dict())
+        r1 = make_ds(self.root, dict(self.settings, rank=1, world_size=2, even=None))
+        take(iter(r1), 2)
+        self.other_layout = copy.deepcopy(r1.state_dict())
+
+
+@pytest.fixture(scope="module")
+def pack_ctx(small, tiny):
+    return {name: _PackCtx(small, tiny, p) for name, p in PACK_SETTINGS.items()}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("setting", list(PACK_SETTINGS))
+def test_hostile_pack_states(pack_ctx, setting):
+    """The state mutations on a packing stream's states: a StateError with a message (the
+    stream still usable), or packed rows of the right shape (segments 1..k then padding,
+    labels -100 on padding) whose tokens are tokens of the data, and a ``state_dict()`` that
+    resumes the same rows. (An accepted state whose pending row ids were changed to rows the
+    slot has not read yet packs those documents twice: ids alone cannot tell.)"""
+    ctx = pack_ctx[setting]
+    outcomes: Counter[str] = Counter()
+    seq_len = ctx.pack.seq_len
+
+    def rows(ds) -> list:
+        out = []
+        for b in ds:
+            seg, lab, ids = b["segment_ids"], b["labels"], b["input_ids"]
+            assert ids.shape[1] == seq_len
+            for r in range(seg.shape[0]):
+                real = seg[r] > 0
+                k = int(real.sum())
+                assert real[:k].all() and not real[k:].any()
+                assert (lab[r][~real] == -100).all()
+            out.append((ids, seg))
+        return out
+
+    @settings(
+        max_examples=_env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250) // 2,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        base_i=st.integers(0, len(ctx.states) - 1),
+        muts=st.lists(
+            st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 2**32)), min_size=1, max_size=3
+        ),
+    )
+    def fuzz(base_i, muts):
+        state, log = mutate_state(ctx, base_i, muts)  # type: ignore[arg-type]
+        ds = make_ds(ctx.root, ctx.settings)
+        try:
+            ds.load_state_dict(state)
+            roundtrip = copy.deepcopy(ds.state_dict())
+            rest = rows(ds)
+        except BaseException as e:  # noqa: BLE001 - PanicException must be seen
+            assert isinstance(e, Exception) and type(e).__name__ != "PanicException", (
+                f"mutations {log}: non-Exception {type(e).__mro__}: {e!r}"
+            )
+            assert isinstance(e, StateError), f"mutations {log}: {type(e).__name__}: {e}"
+            assert str(e).strip(), f"mutations {log}: StateError without a message"
+            outcomes["refused with StateError"] += 1
+            fresh = make_ds(ctx.root, ctx.settings)
+            assert all((a == b).all() for (a, _), b in zip(rows(fresh), ctx.full, strict=True))
+            return
+        got = {int(t) for ids, seg in rest for t in ids[seg > 0]}
+        assert got <= ctx.tokens, f"mutations {log}: tokens not in the data"
+        rest = [ids for ids, _ in rest]
+        ds2 = make_ds(ctx.root, ctx.settings)
+        ds2.load_state_dict(roundtrip)
+        again = [ids for ids, _ in rows(ds2)]
+        assert len(again) == len(rest) and all(
+            (a == b).all() for a, b in zip(again, rest, strict=True)
+        ), f"mutations {log}: state_dict() after the load does not resume the same"
+        n = len(ctx.full)
+        if len(rest) <= n and all(
+            (a == b).all() for a, b in zip(ctx.full[n - len(rest) :], rest, strict=True)
+        ):
+            outcomes["accepted, equal to a clean resume"] += 1
+        else:
+            outcomes["accepted, another stream"] += 1
+
+    fuzz()
+    print(f"\nhostile pack states ({setting}): {dict(outcomes)}")
+    assert outcomes["refused with StateError"] > 0
+    assert outcomes["accepted, equal to a clean resume"] > 0

@@ -8,6 +8,7 @@ use pyo3_arrow::PySchema;
 use shardstream_core::mix::{
     Combine, Kind, MixConfig, MixSettings, MixSource, Mixing, OnExhausted, WeightsArg,
 };
+use shardstream_core::pack::PackSettings;
 use shardstream_core::{Error, Even};
 
 use crate::catalog::RawCatalog;
@@ -35,7 +36,7 @@ impl RawMixture {
     /// weight)])` points.
     #[new]
     #[pyo3(signature = (*, sources, weights, schedule, mixing, block, seed, batch_size,
-                        drop_last, even, samples, combine, source_column))]
+                        drop_last, even, samples, combine, source_column, pack=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -51,6 +52,7 @@ impl RawMixture {
         samples: Option<u64>,
         combine: &str,
         source_column: Option<String>,
+        pack: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let err = |e: Error| to_py(py, e);
         let mut srcs = Vec::with_capacity(sources.len());
@@ -107,7 +109,14 @@ impl RawMixture {
             kind: Kind::parse(schedule, "schedule").map_err(err)?,
             points: weights,
         };
-        let cfg = MixConfig::new(srcs, settings, weights, combine, source_column).map_err(err)?;
+        let mut cfg =
+            MixConfig::new(srcs, settings, weights, combine, source_column).map_err(err)?;
+        if let Some(p) = pack.filter(|p| !p.is_none()) {
+            // Packing after mixing: items are packed rows (`Pack.record()` as the settings).
+            let v = crate::convert::to_value(p, "pack")?;
+            let p = PackSettings::parse(v).map_err(err)?;
+            cfg.set_pack(Some(p)).map_err(err)?;
+        }
         Ok(RawMixture {
             inner: Arc::new(cfg),
         })

@@ -34,6 +34,7 @@ pub use stream::{MixItem, MixStream};
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
+use crate::pack::PackSettings;
 use crate::plan::{Even, Slot};
 use crate::settings::{Settings, Tuning};
 use crate::state::mixture::{MixSettingsRecord, PointRecord, PolicyRecord, ScheduleRecord};
@@ -128,6 +129,8 @@ pub struct MixConfig {
     /// For each source, the indices of the shared columns in its own schema.
     pub(crate) common: Vec<Vec<usize>>,
     pub(crate) rule: Arc<Rule>,
+    /// Packing after mixing (`set_pack`): items are packed rows of the mixed documents.
+    pub pack: Option<PackSettings>,
 }
 
 /// Most sources a mixture takes (tags are int16).
@@ -215,7 +218,24 @@ impl MixConfig {
             schema,
             common,
             rule,
+            pack: None,
         })
+    }
+
+    /// Pack the mixture's rows (after mixing) into rows of `seq_len` tokens: items are then
+    /// packed rows (`batch_size` of them, one in row mode); every source must have the token
+    /// column.
+    pub fn set_pack(&mut self, pack: Option<PackSettings>) -> Result<()> {
+        if let Some(p) = &pack {
+            let schemas: Vec<(&str, &arrow_schema::Schema)> = self
+                .sources
+                .iter()
+                .map(|s| (s.name.as_str(), s.catalog.schema().as_ref()))
+                .collect();
+            crate::pack::Packer::for_mixture(p.clone(), &schemas, None)?;
+        }
+        self.pack = pack;
+        Ok(())
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -249,6 +269,7 @@ impl MixConfig {
                 e => Some(e.name().to_string()),
             },
             samples: s.samples,
+            pack: self.pack.clone(),
         }
     }
 

@@ -30,6 +30,7 @@ use crate::resume::Resume;
 use crate::settings::Layout;
 use crate::state::envelope::{parse_node, Node, StreamState};
 use crate::state::mixture::{MixerRecord, MixtureState, MIXTURE_FORMAT};
+use crate::state::pack::DocRef;
 
 /// One loaded slot of the old layout.
 #[derive(Debug, Clone)]
@@ -37,6 +38,8 @@ struct Loaded {
     slot: Slot,
     mixer: MixerRecord,
     removed: BTreeMap<String, Vec<StreamState>>,
+    /// Packing after mixing: the packer's pending documents (source name, reference).
+    pack: Vec<(String, DocRef)>,
 }
 
 /// Where a mixture's next streams start.
@@ -177,6 +180,7 @@ impl MixResume {
                 slot: s,
                 mixer: mixer.clone(),
                 removed,
+                pack: st.pack.clone().unwrap_or_default(),
             });
         }
         if evens.len() > 1 {
@@ -215,6 +219,7 @@ impl MixResume {
                         slot,
                         mixer: mixer_record(&names, &pos),
                         removed: BTreeMap::new(),
+                        pack: Vec::new(),
                     });
                 }
                 loaded.sort_by_key(|l| l.slot.index);
@@ -326,6 +331,43 @@ impl MixResume {
         Ok((m, removed))
     }
 
+    /// Packing after mixing: the pending documents `layout`'s packer starts with (source index,
+    /// reference): its own slot's in the same layout; in another, old slot `i`'s go to new
+    /// slot `i % count`, in old-slot order, so each document is packed exactly once.
+    pub(crate) fn pending(
+        &self,
+        cfg: &MixConfig,
+        layout: Layout,
+    ) -> Result<Option<Vec<(u16, DocRef)>>> {
+        if cfg.pack.is_none() || self.loaded.is_empty() {
+            return Ok(None);
+        }
+        let count = self.loaded[0].slot.count;
+        let same = count == layout.slot.count && self.even == layout.even;
+        let mut out = Vec::new();
+        for l in &self.loaded {
+            let mine = if same {
+                l.slot == layout.slot
+            } else {
+                l.slot.index % layout.slot.count == layout.slot.index
+            };
+            if !mine {
+                continue;
+            }
+            for (n, r) in &l.pack {
+                let s = cfg.index_of(n).ok_or_else(|| {
+                    Error::State(format!(
+                        "state['pack'] holds pending documents of source {n:?}, which this \
+                         mixture does not have: packed after mixing, a source with pending \
+                         documents cannot be removed (add it back)"
+                    ))
+                })?;
+                out.push((s as u16, *r));
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// The state a stream of `layout` would save now, before reading anything.
     pub fn state(&self, cfg: &std::sync::Arc<MixConfig>, layout: Layout) -> Result<MixtureState> {
         if self.loaded.is_empty() {
@@ -344,6 +386,7 @@ impl MixResume {
                 mixer: None,
                 sources,
                 removed: BTreeMap::new(),
+                pack: None,
             });
         }
         MixStream::resume(cfg.clone(), layout, 0, self)?.checkpoint(None)

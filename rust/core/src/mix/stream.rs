@@ -25,6 +25,8 @@ use crate::state::envelope::{SlotRecord, StreamState};
 use crate::state::mixture::{BlockRecord, MixerRecord, MixtureState};
 use crate::stream::Stream;
 
+mod packed;
+
 /// What one `next_item` returns.
 #[derive(Debug)]
 pub enum MixItem {
@@ -81,6 +83,8 @@ pub struct MixStream {
     choices: Vec<u16>,
     pulled: Vec<bool>,
     ended: bool,
+    /// Packing after mixing (`packed.rs`): the packer of the mixed documents.
+    packer: Option<crate::pack::Packer>,
 }
 
 impl MixStream {
@@ -92,7 +96,8 @@ impl MixStream {
         threads: usize,
         resume: &MixResume,
     ) -> Result<MixStream> {
-        let row_mode = cfg.settings.batch_size.is_none();
+        // Packed items are whole packed rows: no position inside one.
+        let row_mode = cfg.settings.batch_size.is_none() && cfg.pack.is_none();
         let mut streams = Vec::with_capacity(cfg.sources.len());
         for (i, src) in cfg.sources.iter().enumerate() {
             let mut s = Stream::resume(
@@ -106,9 +111,11 @@ impl MixStream {
             .map_err(|e| in_source(&src.name, e))?;
             // Row mode needs each chunk's start to compute a position inside it.
             s.keep_batch_start(row_mode);
+            s.track_ids(cfg.pack.is_some());
             streams.push(s);
         }
         let (mixer, removed) = resume.mixer(&cfg, layout)?;
+        let packer = packed::packer(&cfg, resume, layout)?;
         let k = streams.len();
         let out = MixStream {
             cfg,
@@ -121,6 +128,7 @@ impl MixStream {
             choices: Vec::new(),
             pulled: vec![false; k],
             ended: false,
+            packer,
         };
         let avail = out.avail();
         for (s, a) in out.mixer.active().iter().enumerate() {
@@ -153,6 +161,9 @@ impl MixStream {
     /// The next item, or `None` once the mixture has ended (a `stop` source ran out, the
     /// `samples` were all yielded, or no source with weight has rows left).
     pub fn next_item(&mut self) -> Result<Option<MixItem>> {
+        if self.packer.is_some() {
+            return self.next_packed();
+        }
         if self.ended {
             return Ok(None);
         }
@@ -336,6 +347,7 @@ impl MixStream {
             mixer: Some(mixer_record(&names, pos)),
             sources: names.iter().cloned().zip(sources).collect(),
             removed: self.removed.clone(),
+            pack: self.packer.as_ref().map(|p| packed::named_refs(&names, p)),
         }
     }
 

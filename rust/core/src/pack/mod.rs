@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
-use arrow_array::{Array, FixedSizeListArray, Int32Array, Int64Array, RecordBatch};
+use arrow_array::{Array, FixedSizeListArray, Int16Array, Int32Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +34,9 @@ pub const IGNORE: i64 = -100;
 pub const MAX_SEQ_LEN: u64 = 1 << 24;
 /// Largest `buffer_docs`.
 pub const MAX_BUFFER_DOCS: u64 = 1 << 16;
+
+/// The per-token source column of rows packed after a mixture.
+pub const SOURCE_IDS: &str = "source_ids";
 
 /// Rows the packer reads from its stream at a time.
 const PULL_ROWS: usize = 64;
@@ -109,6 +112,26 @@ impl PackSettings {
         ]))
     }
 
+    /// The packed rows' schema after a mixture: also `source_ids` (int16: each token's source
+    /// index in the mixture's name order, -1 on padding).
+    pub fn schema_with_sources(&self) -> SchemaRef {
+        let mut fields: Vec<Field> = self
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new(
+            SOURCE_IDS,
+            DataType::FixedSizeList(
+                Arc::new(Field::new("item", DataType::Int16, false)),
+                self.len_i32(),
+            ),
+            false,
+        ));
+        Arc::new(Schema::new(fields))
+    }
+
     fn len_i32(&self) -> i32 {
         self.seq_len as i32 // at most MAX_SEQ_LEN
     }
@@ -117,6 +140,8 @@ impl PackSettings {
 /// A pending document with its tokens (BOS/EOS included): `toks[start..end]` is still to pack.
 #[derive(Debug, Clone)]
 struct Doc {
+    /// The source (index in a mixture's name order; 0 for a single stream).
+    source: u16,
     row: u64,
     toks: Arc<[i64]>,
     start: usize,
@@ -138,13 +163,18 @@ struct Rows {
     labels: Vec<i64>,
     pos: Vec<i64>,
     seg: Vec<i32>,
+    /// Each token's source (-1 on padding), when packing after a mixture.
+    src: Option<Vec<i16>>,
     /// Tokens in the current row, segments in it.
     fill: usize,
     segs: i32,
 }
 
 impl Rows {
-    fn push_segment(&mut self, toks: &[i64]) {
+    fn push_segment(&mut self, toks: &[i64], source: u16) {
+        if let Some(src) = &mut self.src {
+            src.extend(std::iter::repeat_n(source as i16, toks.len()));
+        }
         self.segs += 1;
         self.ids.extend_from_slice(toks);
         if self.shift {
@@ -165,6 +195,9 @@ impl Rows {
         self.labels.extend(std::iter::repeat_n(IGNORE, pad));
         self.pos.extend(std::iter::repeat_n(0, pad));
         self.seg.extend(std::iter::repeat_n(0, pad));
+        if let Some(src) = &mut self.src {
+            src.extend(std::iter::repeat_n(-1, pad));
+        }
         self.fill = 0;
         self.segs = 0;
     }
@@ -177,8 +210,10 @@ pub struct Packer {
     /// Index of the token column in the stream's batches.
     column: usize,
     queue: VecDeque<Doc>,
-    /// References loaded from a state, read on first use (`hydrate`).
-    unread: Option<Vec<DocRef>>,
+    /// References loaded from a state (with their source), read on first use (`hydrate`).
+    unread: Option<Vec<(u16, DocRef)>>,
+    /// Emit a per-token source column (`source_ids`, packing after a mixture).
+    sources: bool,
 }
 
 impl Packer {
@@ -213,14 +248,34 @@ impl Packer {
             cfg,
             column,
             queue: VecDeque::new(),
-            unread: pending.filter(|p| !p.is_empty()),
+            unread: single(pending),
+            sources: false,
         })
+    }
+
+    /// A packer after a mixture: documents come from several sources (each checked to have
+    /// the token column), and each packed row carries a per-token source column.
+    pub fn for_mixture(
+        cfg: PackSettings,
+        schemas: &[(&str, &Schema)],
+        pending: Option<Vec<(u16, DocRef)>>,
+    ) -> Result<Self> {
+        let mut p = None;
+        for (name, schema) in schemas {
+            let q = Packer::new(cfg.clone(), schema, None)
+                .map_err(|e| crate::mix::stream::in_source(name, e))?;
+            p.get_or_insert(q);
+        }
+        let mut p = p.ok_or_else(|| Error::Config("a mixture needs a source".into()))?;
+        p.unread = pending.filter(|v| !v.is_empty());
+        p.sources = true;
+        Ok(p)
     }
 
     /// Continue from another position: its pending references, read on first use.
     pub fn reset(&mut self, pending: Option<Vec<DocRef>>) {
         self.queue.clear();
-        self.unread = pending.filter(|p| !p.is_empty());
+        self.unread = single(pending);
     }
 
     pub fn settings(&self) -> &PackSettings {
@@ -229,47 +284,76 @@ impl Packer {
 
     /// The pending documents as references (what a state saves).
     pub fn refs(&self) -> Vec<DocRef> {
+        self.refs_with_sources()
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect()
+    }
+
+    /// The pending documents as (source, reference), in queue order.
+    pub fn refs_with_sources(&self) -> Vec<(u16, DocRef)> {
         if let Some(u) = &self.unread {
             return u.clone();
         }
         self.queue
             .iter()
-            .map(|d| DocRef {
-                row: d.row,
-                start: d.start as u64,
-                end: (d.end != d.toks.len()).then_some(d.end as u64),
+            .map(|d| {
+                let r = DocRef {
+                    row: d.row,
+                    start: d.start as u64,
+                    end: (d.end != d.toks.len()).then_some(d.end as u64),
+                };
+                (d.source, r)
             })
             .collect()
     }
 
     /// True if references loaded from a state still have to be read (`hydrate`).
     pub fn needs_rows(&self) -> Option<Vec<u64>> {
+        self.needs_rows_by_source()
+            .map(|m| m.into_values().flatten().collect())
+    }
+
+    /// The rows to read again per source (sorted ids), if references are still unread.
+    pub fn needs_rows_by_source(&self) -> Option<std::collections::BTreeMap<u16, Vec<u64>>> {
         self.unread.as_ref().map(|u| {
-            let mut ids: Vec<u64> = u.iter().map(|r| r.row).collect();
-            ids.sort_unstable();
-            ids
+            let mut m: std::collections::BTreeMap<u16, Vec<u64>> = Default::default();
+            for (s, r) in u {
+                m.entry(*s).or_default().push(r.row);
+            }
+            for ids in m.values_mut() {
+                ids.sort_unstable();
+            }
+            m
         })
     }
 
     /// Rebuild the queue from the rows of `needs_rows()` (sorted ids), read as `batches`.
     pub fn hydrate(&mut self, ids: &[u64], batches: &[RecordBatch]) -> Result<()> {
+        self.hydrate_sources(&[(0, ids, batches)])
+    }
+
+    /// Rebuild the queue from each source's rows of `needs_rows_by_source()`.
+    pub fn hydrate_sources(&mut self, read: &[(u16, &[u64], &[RecordBatch])]) -> Result<()> {
         let Some(refs) = self.unread.take() else {
             return Ok(());
         };
-        let mut by_id = std::collections::HashMap::with_capacity(ids.len());
-        let mut k = 0;
-        for b in batches {
-            for t in self.documents(b)? {
-                let id = *ids.get(k).ok_or_else(|| {
-                    Error::Internal("read_rows returned more rows than asked".into())
-                })?;
-                by_id.insert(id, t);
-                k += 1;
+        let mut by_id = std::collections::HashMap::new();
+        for &(s, ids, batches) in read {
+            let mut k = 0;
+            for b in batches {
+                for t in self.documents(b)? {
+                    let id = *ids.get(k).ok_or_else(|| {
+                        Error::Internal("read_rows returned more rows than asked".into())
+                    })?;
+                    by_id.insert((s, id), t);
+                    k += 1;
+                }
             }
         }
-        for (i, r) in refs.iter().enumerate() {
+        for (i, &(source, r)) in refs.iter().enumerate() {
             let toks = by_id
-                .get(&r.row)
+                .get(&(source, r.row))
                 .ok_or_else(|| Error::Internal(format!("pending row {} was not read", r.row)))?
                 .clone();
             let end = r.end.unwrap_or(toks.len() as u64);
@@ -284,6 +368,7 @@ impl Packer {
                 )));
             }
             self.push(Doc {
+                source,
                 row: r.row,
                 toks,
                 start: r.start as usize,
@@ -299,7 +384,10 @@ impl Packer {
 
     /// The token sequences (BOS/EOS added) of a batch's rows.
     fn documents(&self, b: &RecordBatch) -> Result<Vec<Arc<[i64]>>> {
-        let col = b.column(self.column);
+        let col = match b.schema().index_of(&self.cfg.column) {
+            Ok(i) => b.column(i),
+            Err(_) => b.column(self.column),
+        };
         let want = DataType::LargeList(Arc::new(Field::new("item", DataType::Int64, true)));
         let cast = arrow_cast::cast(col, &want).map_err(|e| {
             Error::Config(format!(
@@ -345,27 +433,66 @@ impl Packer {
                 b.num_rows()
             )));
         }
-        let seq_len = self.cfg.seq_len as usize;
         for (toks, &row) in self.documents(b)?.into_iter().zip(ids) {
-            let mut end = toks.len();
-            if end == 0 {
-                continue; // nothing to pack, nothing to remember
-            }
-            if end > seq_len {
-                match self.cfg.long_docs.as_str() {
-                    "drop" => continue,
-                    "truncate" => end = seq_len,
-                    _ => {} // split: concat cuts every row anyway; best_fit in `fill_best`
-                }
-            }
-            self.push(Doc {
-                row,
-                toks,
-                start: 0,
-                end,
-            });
+            self.take_doc(0, row, toks);
         }
         Ok(())
+    }
+
+    /// Take a mixture's rows into the queue in mixing order: `choices[i]` is the source of
+    /// the `i`-th row, `parts[s]` source `s`'s rows (in order) and their row ids.
+    pub fn take_mixed(
+        &mut self,
+        parts: &[Option<(RecordBatch, Vec<u64>)>],
+        choices: &[u16],
+    ) -> Result<()> {
+        let mut docs = Vec::with_capacity(parts.len());
+        for p in parts {
+            docs.push(match p {
+                Some((b, ids)) => {
+                    if ids.len() != b.num_rows() {
+                        return Err(Error::Internal(format!(
+                            "{} row ids for {} rows",
+                            ids.len(),
+                            b.num_rows()
+                        )));
+                    }
+                    Some((self.documents(b)?.into_iter(), ids.iter()))
+                }
+                None => None,
+            });
+        }
+        for &s in choices {
+            let (toks, row) = docs
+                .get_mut(s as usize)
+                .and_then(|d| d.as_mut())
+                .and_then(|(t, i)| Some((t.next()?, *i.next()?)))
+                .ok_or_else(|| Error::Internal(format!("source {s} has fewer rows than chosen")))?;
+            self.take_doc(s, row, toks);
+        }
+        Ok(())
+    }
+
+    fn take_doc(&mut self, source: u16, row: u64, toks: Arc<[i64]>) {
+        let seq_len = self.cfg.seq_len as usize;
+        let mut end = toks.len();
+        if end == 0 {
+            return; // nothing to pack, nothing to remember
+        }
+        if end > seq_len {
+            match self.cfg.long_docs.as_str() {
+                "drop" => return,
+                "truncate" => end = seq_len,
+                _ => {} // split: concat cuts every row anyway; best_fit in `fill_best`
+            }
+        }
+        self.push(Doc {
+            source,
+            row,
+            toks,
+            start: 0,
+            end,
+        });
     }
 
     /// True when the next row can be decided without more input (`concat` reads as it fills a
@@ -396,6 +523,7 @@ impl Packer {
             labels: Vec::with_capacity(cap),
             pos: Vec::with_capacity(cap),
             seg: Vec::with_capacity(cap),
+            src: self.sources.then(|| Vec::with_capacity(cap)),
             fill: 0,
             segs: 0,
         };
@@ -430,18 +558,29 @@ impl Packer {
                     Arc::new(Field::new("item", DataType::Int32, false)),
                     Arc::new(Int32Array::from(v)),
                 ),
+                ArrayRefOf::I16(v) => (
+                    Arc::new(Field::new("item", DataType::Int16, false)),
+                    Arc::new(Int16Array::from(v)),
+                ),
             };
             FixedSizeListArray::try_new(field, self.cfg.len_i32(), values, None)
                 .map(|a| Arc::new(a) as Arc<dyn Array>)
                 .map_err(|e| Error::Internal(format!("packed rows: {e}")))
         };
-        let cols = vec![
+        let mut cols = vec![
             list(ArrayRefOf::I64(std::mem::take(&mut rows.ids)))?,
             list(ArrayRefOf::I64(std::mem::take(&mut rows.labels)))?,
             list(ArrayRefOf::I64(std::mem::take(&mut rows.pos)))?,
             list(ArrayRefOf::I32(std::mem::take(&mut rows.seg)))?,
         ];
-        RecordBatch::try_new(self.cfg.schema(), cols)
+        let schema = match rows.src.take() {
+            Some(src) => {
+                cols.push(list(ArrayRefOf::I16(src))?);
+                self.cfg.schema_with_sources()
+            }
+            None => self.cfg.schema(),
+        };
+        RecordBatch::try_new(schema, cols)
             .map(Some)
             .map_err(|e| Error::Internal(format!("packed rows: {e}")))
     }
@@ -460,7 +599,7 @@ impl Packer {
                 continue; // a read of empty (or dropped) documents only
             };
             let take = (rows.seq_len - rows.fill).min(d.len());
-            rows.push_segment(&d.toks[d.start..d.start + take]);
+            rows.push_segment(&d.toks[d.start..d.start + take], d.source);
             d.start += take;
             if d.start == d.end {
                 self.queue.pop_front();
@@ -476,7 +615,7 @@ impl Packer {
         // A document longer than a row (long_docs="split") fills whole rows first.
         if let Some(i) = (0..window).find(|&i| self.queue[i].len() > seq_len) {
             let d = &mut self.queue[i];
-            rows.push_segment(&d.toks[d.start..d.start + seq_len]);
+            rows.push_segment(&d.toks[d.start..d.start + seq_len], d.source);
             d.start += seq_len;
             return true;
         }
@@ -500,7 +639,7 @@ impl Packer {
             };
             let d = self.queue.remove(i).expect("in the window");
             window -= 1;
-            rows.push_segment(&d.toks[d.start..d.end]);
+            rows.push_segment(&d.toks[d.start..d.end], d.source);
             if rows.fill == seq_len {
                 break;
             }
@@ -509,9 +648,17 @@ impl Packer {
     }
 }
 
+/// A single stream's pending references (all from source 0); `None` if there are none.
+fn single(pending: Option<Vec<DocRef>>) -> Option<Vec<(u16, DocRef)>> {
+    pending
+        .filter(|p| !p.is_empty())
+        .map(|p| p.into_iter().map(|r| (0, r)).collect())
+}
+
 enum ArrayRefOf {
     I64(Vec<i64>),
     I32(Vec<i32>),
+    I16(Vec<i16>),
 }
 
 #[cfg(test)]
@@ -610,6 +757,28 @@ mod tests {
         assert!(bad(&|r| r.spans[1][0] = 3).contains("increasing index"));
         assert!(bad(&|r| r.spans[0] = [0, 5, 5]).contains("start < end"));
         assert!(bad(&|r| r.rows = ids_to_base64_for_test(&[1, 1])).contains("pending twice"));
+    }
+
+    #[test]
+    fn mixture_pack_record_round_trips_and_refuses_bad_runs() {
+        use crate::state::pack::MixPackRecord;
+        let r = |row, start, end| DocRef { row, start, end };
+        let refs = vec![
+            ("a".to_string(), r(7, 3, None)),
+            ("a".to_string(), r(2, 0, None)),
+            ("b".to_string(), r(7, 0, Some(4))), // the same row id in another source
+        ];
+        let rec = MixPackRecord::of(&refs);
+        assert_eq!(rec.sources, vec![("a".into(), 2), ("b".into(), 1)]);
+        assert_eq!(rec.refs("p").unwrap(), refs);
+        let bad = |f: &dyn Fn(&mut MixPackRecord)| {
+            let mut x = rec.clone();
+            f(&mut x);
+            x.refs("p").unwrap_err().to_string()
+        };
+        assert!(bad(&|x| x.sources[1].1 = 2).contains("cover the 3"));
+        assert!(bad(&|x| x.sources.push(("c".into(), 0))).contains("positive"));
+        assert!(bad(&|x| x.sources = vec![("a".into(), 3)]).contains("pending twice"));
     }
 
     fn ids_to_base64_for_test(ids: &[u64]) -> String {

@@ -13,7 +13,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use super::envelope::{from_value, py_repr, SlotRecord, StreamState};
+use super::pack::{DocRef, MixPackRecord};
 use crate::error::{Error, Result};
+use crate::pack::PackSettings;
 use crate::plan::Even;
 
 /// `format` of a mixture state.
@@ -38,6 +40,8 @@ pub struct MixtureState {
     /// Sources removed from the mixture since: their states, kept so they continue if they
     /// come back (several after a resize: see mix/resume.rs).
     pub removed: BTreeMap<String, Vec<StreamState>>,
+    /// Packing after the mixture: the packer's pending documents (source name, reference).
+    pub pack: Option<Vec<(String, DocRef)>>,
 }
 
 /// The record as serde reads it; the nested stream states are parsed by [`StreamState::parse`].
@@ -57,6 +61,9 @@ struct Raw {
     // torch.distributed.checkpoint drops empty dicts: absent reads as empty.
     #[serde(default)]
     removed: BTreeMap<String, Vec<Value>>,
+    /// Absent for a mixture that does not pack (its states are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pack: Option<MixPackRecord>,
 }
 
 /// The mixture's arguments that shape its stream (a state loads only under the same ones).
@@ -74,6 +81,9 @@ pub struct MixSettingsRecord {
     pub even: Option<String>,
     #[serde(deserialize_with = "required")]
     pub samples: Option<u64>,
+    /// Packing after the mixture; absent for a mixture that does not pack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<PackSettings>,
 }
 
 /// The weights, quantized (integers summing to 2**32 per point), by source name.
@@ -153,7 +163,12 @@ impl MixtureState {
             }
             removed.insert(name, out);
         }
+        let pack = match &raw.pack {
+            Some(p) => Some(p.refs(&format!("{what}['pack']"))?),
+            None => None,
+        };
         let st = MixtureState {
+            pack,
             settings: raw.settings,
             weights: raw.weights,
             policies: raw.policies,
@@ -247,6 +262,30 @@ impl MixtureState {
                 ));
             }
         }
+        match (&self.settings.pack, &self.pack) {
+            (None, Some(_)) => {
+                return bad(
+                    "['pack']: pending documents of a packer, but the settings do not pack".into(),
+                )
+            }
+            (Some(_), None) if self.slot.is_some() => {
+                return bad(
+                    " lacks the packer's pending documents ('pack'), but its settings pack".into(),
+                )
+            }
+            _ => {}
+        }
+        if let Some(n) = self
+            .pack
+            .iter()
+            .flatten()
+            .map(|(n, _)| n)
+            .find(|n| !self.sources.contains_key(*n))
+        {
+            return bad(format!(
+                "['pack'] has a pending document of {n:?}, which is not one of its sources"
+            ));
+        }
         if let Some(m) = &self.mixer {
             if let Some(n) = m
                 .deficits
@@ -281,6 +320,7 @@ impl MixtureState {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.iter().map(StreamState::to_value).collect()))
                 .collect(),
+            pack: self.pack.as_deref().map(MixPackRecord::of),
         };
         serde_json::to_value(raw).expect("a mixture state serializes")
     }
@@ -294,12 +334,13 @@ impl MixSettingsRecord {
         let (Value::Object(a), Value::Object(b)) = (a, b) else {
             return Vec::new();
         };
-        a.iter()
-            .filter(|(k, v)| b.get(*k) != Some(*v))
-            .map(|(k, v)| {
+        // Keys of either side: `pack` is absent when a mixture does not pack.
+        let keys = a.keys().chain(b.keys().filter(|k| !a.contains_key(*k)));
+        keys.filter(|k| a.get(*k) != b.get(*k))
+            .map(|k| {
                 format!(
                     "{k}: state has {}, mixture has {}",
-                    py_repr(v),
+                    py_repr(a.get(k).unwrap_or(&Value::Null)),
                     py_repr(b.get(k).unwrap_or(&Value::Null))
                 )
             })

@@ -56,32 +56,99 @@ impl PackRecord {
                 )));
             }
         }
-        let mut refs: Vec<DocRef> = ids
-            .iter()
-            .map(|&row| DocRef {
-                row,
-                start: 0,
-                end: None,
-            })
-            .collect();
-        let mut last = None;
-        for (k, &[i, start, end]) in self.spans.iter().enumerate() {
-            let w = format!("{what}['spans'][{k}]");
-            if i as usize >= refs.len() || last.is_some_and(|l| i <= l) {
-                return Err(Error::State(format!(
-                    "{w}: index {i} is not an increasing index into the {} pending rows",
-                    refs.len()
-                )));
-            }
-            if end != 0 && start >= end {
-                return Err(Error::State(format!(
-                    "{w}: [{i}, {start}, {end}] needs start < end (or end = 0: to the end)"
-                )));
-            }
-            last = Some(i);
-            refs[i as usize].start = start;
-            refs[i as usize].end = (end != 0).then_some(end);
+        apply_spans(&ids, &self.spans, what)
+    }
+}
+
+/// References of `ids` with `spans` applied, checked for shape.
+fn apply_spans(ids: &[u64], spans: &[[u64; 3]], what: &str) -> Result<Vec<DocRef>> {
+    let mut refs: Vec<DocRef> = ids
+        .iter()
+        .map(|&row| DocRef {
+            row,
+            start: 0,
+            end: None,
+        })
+        .collect();
+    let mut last = None;
+    for (k, &[i, start, end]) in spans.iter().enumerate() {
+        let w = format!("{what}['spans'][{k}]");
+        if i as usize >= refs.len() || last.is_some_and(|l| i <= l) {
+            return Err(Error::State(format!(
+                "{w}: index {i} is not an increasing index into the {} pending rows",
+                refs.len()
+            )));
         }
-        Ok(refs)
+        if end != 0 && start >= end {
+            return Err(Error::State(format!(
+                "{w}: [{i}, {start}, {end}] needs start < end (or end = 0: to the end)"
+            )));
+        }
+        last = Some(i);
+        refs[i as usize].start = start;
+        refs[i as usize].end = (end != 0).then_some(end);
+    }
+    Ok(refs)
+}
+
+/// The saved queue of a packer after a mixture (`state['pack']` of a mixture state): as
+/// [`PackRecord`], plus each pending document's source as runs `[name, count]` in queue order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixPackRecord {
+    pub rows: String,
+    pub spans: Vec<[u64; 3]>,
+    pub sources: Vec<(String, u64)>,
+}
+
+impl MixPackRecord {
+    pub fn of(refs: &[(String, DocRef)]) -> Self {
+        let plain: Vec<DocRef> = refs.iter().map(|(_, r)| *r).collect();
+        let p = PackRecord::of(&plain);
+        let mut sources: Vec<(String, u64)> = Vec::new();
+        for (n, _) in refs {
+            match sources.last_mut() {
+                Some((last, k)) if last == n => *k += 1,
+                _ => sources.push((n.clone(), 1)),
+            }
+        }
+        MixPackRecord {
+            rows: p.rows,
+            spans: p.spans,
+            sources,
+        }
+    }
+
+    /// The references by source name, checked for shape (runs covering the rows, each
+    /// (source, row) pending once, spans in order, `start < end`).
+    pub fn refs(&self, what: &str) -> Result<Vec<(String, DocRef)>> {
+        let ids = ids_from_base64(&self.rows, &format!("{what}['rows']"))?;
+        let total = self
+            .sources
+            .iter()
+            .try_fold(0u64, |a, (_, k)| a.checked_add(*k));
+        if total != Some(ids.len() as u64) || self.sources.iter().any(|(_, k)| *k == 0) {
+            return Err(Error::State(format!(
+                "{what}['sources']: runs [name, count] must be positive and cover the {} \
+                 pending rows",
+                ids.len()
+            )));
+        }
+        let names: Vec<&String> = self
+            .sources
+            .iter()
+            .flat_map(|(n, k)| std::iter::repeat_n(n, *k as usize))
+            .collect();
+        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        for (n, &id) in names.iter().zip(&ids) {
+            if !seen.insert((*n, id)) {
+                return Err(Error::State(format!(
+                    "{what}['rows']: row {id} of source {n:?} is pending twice (each document \
+                     is pending once)"
+                )));
+            }
+        }
+        let refs = apply_spans(&ids, &self.spans, what)?;
+        Ok(names.into_iter().cloned().zip(refs).collect())
     }
 }

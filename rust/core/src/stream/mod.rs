@@ -127,6 +127,16 @@ impl Stream {
         self.keep_batch_start = on;
     }
 
+    /// Keep the global row ids of each `next_batch` (`last_ids`), as a packer needs.
+    pub fn track_ids(&mut self, on: bool) {
+        self.track_ids = on;
+    }
+
+    /// The global row ids of the last `next_batch` (with `track_ids`).
+    pub fn last_ids(&self) -> &[u64] {
+        &self.ids
+    }
+
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
     }
