@@ -108,6 +108,30 @@ pub(crate) struct IpcMeta {
 /// Positioned reads of a shard's bytes (a local file or an object).
 pub(crate) trait ReadAt {
     fn read_at(&self, range: Range<u64>) -> Result<Vec<u8>>;
+    /// `ranges` will be read next: a remote reader fetches them together (coalesced, in
+    /// parallel) instead of one request each. A hint; local files ignore it.
+    fn prefetch(&self, _ranges: &[Range<u64>]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// What a shard of `size` bytes is, from its first bytes: [`sniff`], plus streams written
+/// before format 0.15 (no continuation marker: a 4-byte length, then a schema message), which
+/// arrow-ipc still reads. Those are told from other data by parsing that first message.
+pub(crate) fn sniff_at(src: &impl ReadAt, size: u64) -> Result<Sniffed> {
+    let head = src.read_at(0..size.min(8))?;
+    let kind = sniff(&head);
+    if kind != Sniffed::Parquet || head.len() < 8 || head.starts_with(b"PAR1") {
+        return Ok(kind);
+    }
+    let len = i32::from_le_bytes(head[..4].try_into().expect("4"));
+    if len <= 0 || len as usize > MAX_METADATA || 4 + len as u64 > size {
+        return Ok(kind);
+    }
+    let fb = src.read_at(4..4 + len as u64)?;
+    let schema = arrow_ipc::root_as_message(&fb)
+        .is_ok_and(|m| m.header_type() == MessageHeader::Schema);
+    Ok(if schema { Sniffed::IpcStream } else { kind })
 }
 
 impl ReadAt for (&File, &Path) {
@@ -324,9 +348,27 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
             body_len: l as u64,
         })
     };
+    let dict_blocks = footer
+        .dictionaries()
+        .iter()
+        .flatten()
+        .map(|b| block(b, "dictionary"))
+        .collect::<Result<Vec<_>>>()?;
+    let batch_blocks = footer
+        .recordBatches()
+        .iter()
+        .flatten()
+        .map(|b| block(b, "record batch"))
+        .collect::<Result<Vec<_>>>()?;
+    // Every message header (never a body) at once: one coalesced round of requests remotely.
+    let heads: Vec<Range<u64>> = dict_blocks
+        .iter()
+        .chain(&batch_blocks)
+        .map(|m| m.offset..m.offset + u64::from(m.meta_len))
+        .collect();
+    src.prefetch(&heads)?;
     let mut dicts = Vec::new();
-    for b in footer.dictionaries().iter().flatten() {
-        let msg = block(b, "dictionary")?;
+    for msg in dict_blocks {
         let Some((found, mfb)) = message_at(src, path, msg.offset, footer_start)? else {
             return Err(bad(format!("no dictionary message at byte {}", msg.offset)));
         };
@@ -347,8 +389,7 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
     }
     let mut batches = Vec::new();
     let mut rows = Vec::new();
-    for b in footer.recordBatches().iter().flatten() {
-        let msg = block(b, "record batch")?;
+    for msg in batch_blocks {
         let Some((found, mfb)) = message_at(src, path, msg.offset, footer_start)? else {
             return Err(bad(format!("no record batch at byte {}", msg.offset)));
         };
