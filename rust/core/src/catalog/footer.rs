@@ -251,7 +251,11 @@ impl ipc::ReadAt for RemoteAt {
         }
         // Reads go forward (a walk, a file's blocks in order): what lies before is done with.
         chunks.retain(|(s, b)| s + b.len() as u64 > r.start);
-        let end = r.end.max(r.start + IPC_READ_AHEAD).min(self.obj.size).max(r.end);
+        let end = r
+            .end
+            .max(r.start + IPC_READ_AHEAD)
+            .min(self.obj.size)
+            .max(r.end);
         let got = self.obj.fetch(vec![r.start..end])?.remove(0);
         chunks.push((r.start, got));
         Ok(Self::cached(&chunks, &r).expect("just fetched"))
@@ -288,7 +292,19 @@ async fn remote_ipc_meta(
             obj,
             chunks: std::sync::Mutex::new(vec![(tail.0.start, tail.1)]),
         };
-        shard_guard(&path, || match ipc::sniff_at(&src, size)? {
+        // A file ends in ARROW1 too (its start is checked with the batch headers' reads).
+        let kind = if src
+            .chunks
+            .lock()
+            .expect("new")
+            .last()
+            .is_some_and(|c| c.1.ends_with(b"ARROW1"))
+        {
+            Ok(Sniffed::IpcFile)
+        } else {
+            ipc::sniff_at(&src, size)
+        };
+        shard_guard(&path, || match kind? {
             Sniffed::Parquet => Ok(None),
             Sniffed::IpcFile => ipc::read_file(&src, &path, size).map(Some),
             Sniffed::IpcStream => ipc::read_stream(&src, &path, size).map(Some),

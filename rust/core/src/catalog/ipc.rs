@@ -129,8 +129,8 @@ pub(crate) fn sniff_at(src: &impl ReadAt, size: u64) -> Result<Sniffed> {
         return Ok(kind);
     }
     let fb = src.read_at(4..4 + len as u64)?;
-    let schema = arrow_ipc::root_as_message(&fb)
-        .is_ok_and(|m| m.header_type() == MessageHeader::Schema);
+    let schema =
+        arrow_ipc::root_as_message(&fb).is_ok_and(|m| m.header_type() == MessageHeader::Schema);
     Ok(if schema { Sniffed::IpcStream } else { kind })
 }
 
@@ -360,13 +360,20 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
         .flatten()
         .map(|b| block(b, "record batch"))
         .collect::<Result<Vec<_>>>()?;
-    // Every message header (never a body) at once: one coalesced round of requests remotely.
-    let heads: Vec<Range<u64>> = dict_blocks
-        .iter()
-        .chain(&batch_blocks)
-        .map(|m| m.offset..m.offset + u64::from(m.meta_len))
+    // The leading magic and every message header (never a body) at once: one coalesced
+    // round of requests remotely.
+    let heads: Vec<Range<u64>> = std::iter::once(0..6)
+        .chain(
+            dict_blocks
+                .iter()
+                .chain(&batch_blocks)
+                .map(|m| m.offset..m.offset + u64::from(m.meta_len)),
+        )
         .collect();
     src.prefetch(&heads)?;
+    if src.read_at(0..6)? != FILE_MAGIC {
+        return Err(bad("no ARROW1 magic at the start".into()));
+    }
     let mut dicts = Vec::new();
     for msg in dict_blocks {
         let Some((found, mfb)) = message_at(src, path, msg.offset, footer_start)? else {
