@@ -70,9 +70,8 @@ pub fn is_url(source: &str) -> bool {
 /// Does an object key name a shard a listing reads (the extensions of a local directory walk)?
 fn is_shard_key(key: &str) -> bool {
     let name = key.rsplit('/').next().unwrap_or(key);
-    name.rsplit_once('.').is_some_and(|(_, ext)| {
-        crate::catalog::sources::SHARD_EXTENSIONS.contains(&ext)
-    })
+    name.rsplit_once('.')
+        .is_some_and(|(_, ext)| crate::catalog::sources::SHARD_EXTENSIONS.contains(&ext))
 }
 
 /// Cumulative counters of one store in this process.
