@@ -1242,3 +1242,29 @@ def test_truncated_remote_ipc_object_is_shard_error_naming_it(objstore, ipc_sets
     with pytest.raises(ShardError) as e:
         ParquetStream(url, storage_options=objstore.options())
     assert url + os.path.basename(paths[0]) in str(e.value) and what in str(e.value), e.value
+
+
+def test_remote_hf_save_to_disk_layout_equals_local(s3, tmp_path):
+    """An HF ``save_to_disk`` directory in a bucket: its ``data-*.arrow`` streams in name
+    order (``state.json`` and ``dataset_info.json`` are not data), the rows and order of
+    the local directory (read in ``state.json``'s order), resumable across the two."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    files = []
+    for i, sizes in enumerate([[6, 4], [9], [2, 5]]):
+        name = f"data-{i:05d}-of-00003.arrow"
+        first = 100 * i
+        batches = [_ipc_batch(first + sum(sizes[:j]), n) for j, n in enumerate(sizes)]
+        write_ipc(str(d / name), batches, "stream")
+        files.append({"filename": name})
+    (d / "state.json").write_text(json.dumps({"_data_files": files, "_fingerprint": "x"}))
+    (d / "dataset_info.json").write_text("{}")
+    url = s3.upload(str(d), bucket="hf-dir", cache=False)
+    settings = dict(output="python", batch_size=4, shuffle_buffer=5, seed=4)
+    rs = s3_settings(s3.options(), settings)
+    local = full_stream(str(d), settings)
+    assert full_stream(url, rs) == local
+    assert make_ds(url, rs).catalog.fingerprint() == make_ds(str(d), settings).catalog.fingerprint()
+    ds = make_ds(str(d), settings)
+    take(iter(ds), 3)
+    assert local[:3] + resume_rest(url, rs, torch_roundtrip(ds.state_dict())) == local

@@ -1,5 +1,6 @@
 //! Reading footers: local files (concurrently, with the offset index when present) and remote
-//! objects (one suffix request each), the raw-footer digest, and the [`Shard`] built from them.
+//! objects (one suffix request each; an Arrow IPC object's batch index through a ranged reader),
+//! the raw-footer digest, and the [`Shard`] built from them.
 
 use std::collections::BTreeMap;
 use std::fs::File;
