@@ -257,7 +257,7 @@ impl ipc::ReadAt for RemoteAt {
             .max(r.start + IPC_READ_AHEAD)
             .min(self.obj.size)
             .max(r.end);
-        let got = self.obj.fetch(vec![r.start..end])?.remove(0);
+        let got = self.obj.fetch(std::iter::once(r.start..end).collect())?.remove(0);
         chunks.push((r.start, got));
         Ok(Self::cached(&chunks, &r).expect("just fetched"))
     }
