@@ -225,15 +225,21 @@ async fn fetch_tail(
 
 /// Bytes of an object for the IPC index ([`ipc::read_file`], [`ipc::read_stream`]), which
 /// reads the same bytes as it does of a local file: served from fetched chunks, a miss
-/// fetching [`IPC_READ_AHEAD`] bytes from there on (a stream's next message headers, so a walk
-/// over small batches costs a request per 64 KiB, not per message). Every fetch goes through
-/// the store's retry policy and If-Match on the ETag seen when listing.
+/// fetching some bytes ahead from there on (a stream's next message headers, so a walk over
+/// small batches costs a request per 64 KiB, not per message). The read-ahead adapts: a miss
+/// past the end of the last fetch means a body larger than the rest of it was skipped, so the
+/// next fetch is smaller (down to 4 KiB: a header, not a body); a miss at its end, larger
+/// again. Every fetch goes through the store's retry policy and If-Match on the ETag seen
+/// when listing.
 struct RemoteAt {
     obj: Object,
     chunks: std::sync::Mutex<Vec<(u64, bytes::Bytes)>>,
+    /// (end of the last read-ahead fetch, the read-ahead for the next one)
+    ahead: std::sync::Mutex<(u64, u64)>,
 }
 
 const IPC_READ_AHEAD: u64 = 64 * 1024;
+const IPC_MIN_READ_AHEAD: u64 = 4 * 1024;
 
 impl RemoteAt {
     fn cached(chunks: &[(u64, bytes::Bytes)], r: &std::ops::Range<u64>) -> Option<Vec<u8>> {
@@ -252,12 +258,16 @@ impl ipc::ReadAt for RemoteAt {
         }
         // Reads go forward (a walk, a file's blocks in order): what lies before is done with.
         chunks.retain(|(s, b)| s + b.len() as u64 > r.start);
-        let end = r
-            .end
-            .max(r.start + IPC_READ_AHEAD)
-            .min(self.obj.size)
-            .max(r.end);
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        let (last_end, size) = *ahead;
+        let size = if r.start > last_end {
+            (size / 4).max(IPC_MIN_READ_AHEAD)
+        } else {
+            (size * 4).min(IPC_READ_AHEAD)
+        };
+        let end = r.end.max(r.start + size).min(self.obj.size).max(r.end);
         let got = self.obj.fetch(std::iter::once(r.start..end).collect())?.remove(0);
+        *ahead = (end, size);
         chunks.push((r.start, got));
         Ok(Self::cached(&chunks, &r).expect("just fetched"))
     }
@@ -292,6 +302,7 @@ async fn remote_ipc_meta(
         let src = RemoteAt {
             obj,
             chunks: std::sync::Mutex::new(vec![(tail.0.start, tail.1)]),
+            ahead: std::sync::Mutex::new((0, IPC_READ_AHEAD)),
         };
         // A file ends in ARROW1 too (its start is checked with the batch headers' reads).
         let kind = if src
