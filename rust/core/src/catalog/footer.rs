@@ -266,7 +266,10 @@ impl ipc::ReadAt for RemoteAt {
             (size * 4).min(IPC_READ_AHEAD)
         };
         let end = r.end.max(r.start + size).min(self.obj.size).max(r.end);
-        let got = self.obj.fetch(std::iter::once(r.start..end).collect())?.remove(0);
+        let got = self
+            .obj
+            .fetch(std::iter::once(r.start..end).collect())?
+            .remove(0);
         *ahead = (end, size);
         chunks.push((r.start, got));
         Ok(Self::cached(&chunks, &r).expect("just fetched"))
