@@ -128,7 +128,7 @@ def ipc_batches(path: str) -> list[pa.RecordBatch] | None:
     if head == b"ARROW1":
         with pa.ipc.open_file(path) as r:
             return [r.get_batch(i) for i in range(r.num_record_batches)]
-    if head[:4] == b"\xff\xff\xff\xff":
+    if head[:4] != b"PAR1":  # a stream (before format 0.15: no 0xFFFFFFFF marker)
         with pa.ipc.open_stream(path) as r:
             return list(r)
     return None

@@ -1012,3 +1012,260 @@ def test_spawned_workers_get_the_catalog_not_a_listing(objstore, small, small_ur
     assert len(lists) == 1 and "list-type=" in seen[0][1], seen[:3]
     assert opened == 1 + len(small.paths), seen[:opened]  # the parent: a listing, the footers
     assert len(seen) > opened
+
+
+# ------------------------------------------------------------------ Arrow IPC shards (#15)
+
+IPC_LAYOUT = [[7, 0, 13, 5], [20], [3, 9, 1, 11]]  # record batches per shard
+IPC_DICT = ["L0", "L1", "L2"]
+
+
+def _ipc_batch(first: int, n: int) -> Any:
+    import pyarrow as pa
+
+    ids = pa.array(range(first, first + n), pa.int64())
+    tokens = pa.array(
+        [[i + k for k in range(i % 5)] for i in range(first, first + n)], pa.list_(pa.int32())
+    )
+    text = pa.array([f"row-{i}" for i in range(first, first + n)], pa.large_string())
+    label = pa.DictionaryArray.from_arrays(
+        pa.array([i % 3 for i in range(first, first + n)], pa.int32()), pa.array(IPC_DICT)
+    )
+    return pa.RecordBatch.from_arrays([ids, tokens, text, label], ["id", "tokens", "text", "label"])
+
+
+def write_ipc(path: str, batches: list, kind: str, compression: str | None = None) -> str:
+    """An IPC ``file``, ``stream``, or ``legacy`` stream (pre-0.15: no continuation marker)."""
+    import pyarrow as pa
+
+    opts = pa.ipc.IpcWriteOptions(compression=compression, use_legacy_format=kind == "legacy")
+    with pa.OSFile(path, "wb") as sink:
+        new = pa.ipc.new_file if kind == "file" else pa.ipc.new_stream
+        with new(sink, batches[0].schema, options=opts) as w:
+            for b in batches:
+                w.write_batch(b)
+    return path
+
+
+def write_ipc_set(root: str, kind: str, compression: str | None, layout=IPC_LAYOUT) -> list[str]:
+    os.makedirs(root, exist_ok=True)
+    first, paths = 0, []
+    for s, sizes in enumerate(layout):
+        batches = []
+        for n in sizes:
+            batches.append(_ipc_batch(first, n))
+            first += n
+        ext = "arrow" if kind == "file" else "arrows"
+        paths.append(write_ipc(os.path.join(root, f"s{s:03d}.{ext}"), batches, kind, compression))
+    return paths
+
+
+IPC_SETS = {"file-lz4": ("file", "lz4"), "stream": ("stream", None), "legacy": ("legacy", None)}
+
+
+@pytest.fixture(scope="module")
+def ipc_sets(tmp_path_factory) -> dict[str, tuple[str, list[str]]]:
+    out = {}
+    for name, (kind, comp) in IPC_SETS.items():
+        root = str(tmp_path_factory.mktemp(f"ipc-{name}"))
+        out[name] = (root, write_ipc_set(root, kind, comp))
+    return out
+
+
+IPC_CASES = {
+    "file-lz4-b5-buf7-e2": (
+        "file-lz4",
+        dict(output="python", batch_size=5, shuffle_buffer=7, seed=3, epochs=2),
+    ),
+    "stream-row-noshuf": ("stream", dict(output="python", columns=["id", "label", "text"])),
+    "legacy-b4-buf9": ("legacy", dict(output="python", batch_size=4, shuffle_buffer=9, seed=1)),
+    "stream-rank1of2-b3": (
+        "stream",
+        dict(output="python", batch_size=3, shuffle_buffer=5, seed=2, rank=1, world_size=2),
+    ),
+}
+
+
+@on_each_store("case", IPC_CASES)
+def test_remote_ipc_equals_local_and_resumes_exactly(objstore, ipc_sets, case):
+    """IPC files (lz4) and streams (current and pre-0.15 format) with a dictionary column in
+    a bucket: the full stream equals the local one, every interrupt point resumes exactly,
+    the fingerprint is the local one's, and a state saved on the local copy resumes on the
+    bucket."""
+    name, settings = case
+    root, paths = ipc_sets[name]
+    url = objstore.upload(root, prefix=f"ipc-{name}")
+    rs = s3_settings(objstore.options(), settings)
+    local = full_stream(root, settings)
+    assert len(flat(local) if settings.get("batch_size") else local) > 0
+    points = interrupt_points(len(local), paths, settings, n_random=1, max_boundary_points=4)
+    assert check_resume(url, rs, points=points, check_coverage=False, twice=False) == local
+    remote = make_ds(url, rs)
+    assert [s.rsplit("/", 1)[-1] for s in remote.shards] == [os.path.basename(p) for p in paths]
+    assert remote.catalog.fingerprint() == make_ds(root, settings).catalog.fingerprint()
+    k = len(local) // 2
+    ds = make_ds(root, settings)
+    take(iter(ds), k)
+    assert local[:k] + resume_rest(url, rs, torch_roundtrip(ds.state_dict())) == local
+
+
+def test_file_url_ipc_and_named_object_without_extension(ipc_sets, objstore):
+    """file:// URLs of IPC shards read as the local paths; an object named alone whose key
+    has no shard extension is told by its magic bytes."""
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3)
+    for name in ("file-lz4", "legacy"):
+        root, paths = ipc_sets[name]
+        local = full_stream(root, settings)
+        assert full_stream("file://" + os.path.abspath(root) + "/", settings) == local
+    root, paths = ipc_sets["stream"]
+    bucket = "ipc-noext"
+    url = objstore.upload(root, bucket=bucket, prefix="x", cache=False)
+    with open(paths[1], "rb") as f:
+        objstore.put(bucket, "named/shard", f.read())
+    one = url.replace("/x/", "/named/shard")
+    rs = s3_settings(objstore.options(), settings)
+    assert full_stream(one, rs) == full_stream(paths[1], settings)
+
+
+BIG_IPC_BATCHES, BIG_IPC_ROWS = 6, 20_000  # 160 KB of ids per batch: bodies > the read-ahead
+
+
+@pytest.fixture(scope="module")
+def big_ipc(tmp_path_factory) -> dict[str, str]:
+    import pyarrow as pa
+
+    root = tmp_path_factory.mktemp("big-ipc")
+    out = {}
+    for kind in ("file", "stream"):
+        d = root / kind
+        d.mkdir()
+        batches = [
+            pa.RecordBatch.from_arrays(
+                [pa.array(range(b * BIG_IPC_ROWS, (b + 1) * BIG_IPC_ROWS), pa.int64())], ["id"]
+            )
+            for b in range(BIG_IPC_BATCHES)
+        ]
+        write_ipc(str(d / f"big.{'arrow' if kind == 'file' else 'arrows'}"), batches, kind)
+        out[kind] = str(d)
+    return out
+
+
+@on_each_store("kind", {"file": "file", "stream": "stream"})
+def test_remote_ipc_open_reads_headers_not_bodies(objstore, big_ipc, fault_proxy, kind):
+    """Opening an IPC object fetches its footer and batch headers (a file) or walks its
+    message headers with an adaptive read-ahead (a stream), never whole bodies: the bytes and
+    requests the store counted, checked against what the counting proxy saw. A resume in the
+    last batch fetches that batch and little else."""
+    root = big_ipc[kind]
+    url = objstore.upload(root, prefix=f"big-ipc-{kind}")
+    size = sum(os.path.getsize(os.path.join(root, f)) for f in os.listdir(root))
+    body = BIG_IPC_ROWS * 8
+    seen: list = []
+    proxy = fault_proxy(only=_recorder(seen))
+    settings = dict(output="arrow", batch_size=1000, readahead_threads=0)
+    rs = s3_settings(objstore.options(proxy.endpoint), settings)
+    ds = make_ds(url, rs)
+    opened = ds.stats()
+    assert http_requests(opened) == len(seen) == proxy.stats()["requests"], (opened, seen)
+    if kind == "file":
+        # a listing, the 64 KiB tail (footer), one ranged GET per batch header
+        assert opened["requests"] == 2 + BIG_IPC_BATCHES, opened
+        assert opened["bytes"] <= 64 * 1024 + BIG_IPC_BATCHES * 1024, opened
+    else:
+        # a listing, the tail, then a read-ahead per message header: 64 KiB at first, down to
+        # 4 KiB once bodies turn out larger than that (so not 64 KiB of body per message)
+        assert opened["requests"] <= 3 + BIG_IPC_BATCHES, opened
+        assert opened["bytes"] <= 3 * 64 * 1024, opened
+    assert opened["bytes"] < size / 2, (opened, size)
+    local = full_stream(root, settings)
+    k = len(local) - 3  # inside the last batch
+    loc = make_ds(root, settings)
+    take(iter(loc), k)
+    state = torch_roundtrip(loc.state_dict())
+    before = ds.stats()["bytes"]
+    ds.load_state_dict(state)
+    assert keys_of(ds, True) == local[k:]
+    assert ds.stats()["bytes"] - before < 1.2 * body, (ds.stats(), body)
+
+
+def test_remote_ipc_stream_sidecar_opens_with_one_listing_and_one_get(s3, ipc_sets, moto_proxy):
+    """``shardstream index`` records a stream's batch index (every message's offset and
+    length): opening is then a listing and one GET, with the same fingerprint and stream."""
+    root, _ = ipc_sets["stream"]
+    url = s3.upload(root, bucket="ipc-indexed", cache=False)
+    opts = s3.options()
+    settings = dict(output="python", batch_size=5, shuffle_buffer=7, seed=3)
+    fp = ParquetStream(url, storage_options=opts).catalog.fingerprint()
+    cmd = [sys.executable, "-m", "shardstream", "index", url, "--json"]
+    cmd += [f"--storage-option={k}={v}" for k, v in opts.items()]
+    info = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    assert info["shards"] == len(IPC_LAYOUT)
+    seen: list = []
+    proxy = moto_proxy(only=_recorder(seen))
+    popts = s3.options(proxy.endpoint)
+    ds = ParquetStream(url, storage_options=popts)
+    assert [m for m, _ in seen] == ["GET", "GET"], seen  # the listing, the sidecar
+    assert seen[1][1].endswith("_shardstream_index.json"), seen
+    assert ds.catalog.fingerprint() == fp
+    assert full_stream(url, s3_settings(popts, settings)) == full_stream(root, settings)
+
+
+# fake-gcs-server ignores If-Match (see tests/objstore_server.py): S3 only.
+def test_remote_ipc_object_rewritten_after_open_is_shard_error(s3, ipc_sets, tmp_path):
+    root, paths = ipc_sets["file-lz4"]
+    url = s3.upload(root, bucket="ipc-rewritten", cache=False)
+    ds = ParquetStream(url, storage_options=s3.options(), output="python", batch_size=5)
+    key = "data/" + os.path.basename(paths[1])
+    other = write_ipc(str(tmp_path / "o.arrow"), [_ipc_batch(90_000, 20)], "file", "lz4")
+    with open(other, "rb") as f:
+        s3.put("ipc-rewritten", key, f.read())
+    with pytest.raises(ShardError) as e:
+        keys_of(ds, True)
+    assert f"s3://ipc-rewritten/{key}" in str(e.value) and "changed" in str(e.value), e.value
+
+
+@on_each_store(
+    "cut",
+    {
+        "file-no-footer": ("file-lz4", 0.6, "no ARROW1 magic at the end"),
+        "stream-mid-message": ("stream", 0.5, "runs past the end of the data"),
+    },
+)
+def test_truncated_remote_ipc_object_is_shard_error_naming_it(objstore, ipc_sets, cut):
+    name, frac, what = cut
+    root, paths = ipc_sets[name]
+    with open(paths[0], "rb") as f:
+        data = f.read()
+    bucket = f"ipc-cut-{name}"
+    url = objstore.upload(root, bucket=bucket, cache=False)
+    key = "data/" + os.path.basename(paths[0])
+    objstore.put(bucket, key, data[: int(len(data) * frac)])
+    with pytest.raises(ShardError) as e:
+        ParquetStream(url, storage_options=objstore.options())
+    assert url + os.path.basename(paths[0]) in str(e.value) and what in str(e.value), e.value
+
+
+def test_remote_hf_save_to_disk_layout_equals_local(s3, tmp_path):
+    """An HF ``save_to_disk`` directory in a bucket: its ``data-*.arrow`` streams in name
+    order (``state.json`` and ``dataset_info.json`` are not data), the rows and order of
+    the local directory (read in ``state.json``'s order), resumable across the two."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    files = []
+    for i, sizes in enumerate([[6, 4], [9], [2, 5]]):
+        name = f"data-{i:05d}-of-00003.arrow"
+        first = 100 * i
+        batches = [_ipc_batch(first + sum(sizes[:j]), n) for j, n in enumerate(sizes)]
+        write_ipc(str(d / name), batches, "stream")
+        files.append({"filename": name})
+    (d / "state.json").write_text(json.dumps({"_data_files": files, "_fingerprint": "x"}))
+    (d / "dataset_info.json").write_text("{}")
+    url = s3.upload(str(d), bucket="hf-dir", cache=False)
+    settings = dict(output="python", batch_size=4, shuffle_buffer=5, seed=4)
+    rs = s3_settings(s3.options(), settings)
+    local = full_stream(str(d), settings)
+    assert full_stream(url, rs) == local
+    assert make_ds(url, rs).catalog.fingerprint() == make_ds(str(d), settings).catalog.fingerprint()
+    ds = make_ds(str(d), settings)
+    take(iter(ds), 3)
+    assert local[:3] + resume_rest(url, rs, torch_roundtrip(ds.state_dict())) == local

@@ -67,6 +67,13 @@ pub fn is_url(source: &str) -> bool {
     }
 }
 
+/// Does an object key name a shard a listing reads (the extensions of a local directory walk)?
+fn is_shard_key(key: &str) -> bool {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    name.rsplit_once('.')
+        .is_some_and(|(_, ext)| crate::catalog::sources::SHARD_EXTENSIONS.contains(&ext))
+}
+
 /// Cumulative counters of one store in this process.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -565,8 +572,8 @@ impl Store {
             .map_err(|e| Error::Internal(format!("I/O task failed: {e}")))?
     }
 
-    /// Every object `url` names: the object itself, every `*.parquet` below it (a prefix or
-    /// "directory"), or, when the URL's path has glob characters, every object matching it.
+    /// Every object `url` names: the object itself, every shard below it (a prefix or
+    /// "directory": `*.parquet`, `*.arrow` and the other [`SHARD_EXTENSIONS`]), or, when the URL's path has glob characters, every object matching it.
     /// Sorted by key; an empty result is an error naming the URL. Objects named `also` that a
     /// listing came across are reported beside them (the catalog's sidecar, found for free).
     pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str, also: &str) -> Result<Resolved> {
@@ -613,7 +620,7 @@ impl Store {
                     .collect();
                 return Ok((matched, Some(prefix), extra));
             }
-            if http || key_str.ends_with(".parquet") {
+            if http || is_shard_key(&key_str) {
                 stats.requests.fetch_add(1, Ordering::Relaxed);
                 let head = store
                     .retrying(&raw_owned, || {
@@ -634,10 +641,29 @@ impl Store {
             }
             let all = list(key.clone()).await?;
             let extra = all.iter().filter(|m| is_also(m)).cloned().collect();
-            let matched = all
+            let matched: Vec<ObjectMeta> = all
                 .into_iter()
-                .filter(|m| m.location.as_ref().ends_with(".parquet"))
+                .filter(|m| is_shard_key(m.location.as_ref()))
                 .collect();
+            if matched.is_empty() && !key_str.is_empty() {
+                // Nothing below it: maybe one object with another name (told by its magic).
+                stats.requests.fetch_add(1, Ordering::Relaxed);
+                let head = store
+                    .retrying(&raw_owned, || {
+                        let (client, key) = (client.clone(), key.clone());
+                        async move {
+                            match client.head(&key).await {
+                                Ok(m) => Ok(Some(m)),
+                                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                                Err(e) => Err(e),
+                            }
+                        }
+                    })
+                    .await?;
+                if let Some(m) = head {
+                    return Ok((vec![m], None, Vec::new()));
+                }
+            }
             Ok((matched, Some(key), extra))
         })?;
         if metas.is_empty() {
@@ -646,7 +672,9 @@ impl Store {
                 what: if glob_at.is_some() {
                     "no objects match the glob".into()
                 } else {
-                    "no such object, and no *.parquet objects under that prefix".into()
+                    "no such object, and no Parquet or Arrow IPC objects (*.parquet, *.arrow, \
+                     *.feather, *.arrows, *.ipc) under that prefix"
+                        .into()
                 },
             });
         }

@@ -1,5 +1,6 @@
 //! Reading footers: local files (concurrently, with the offset index when present) and remote
-//! objects (one suffix request each), the raw-footer digest, and the [`Shard`] built from them.
+//! objects (one suffix request each; an Arrow IPC object's batch index through a ranged reader),
+//! the raw-footer digest, and the [`Shard`] built from them.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -189,9 +190,143 @@ async fn read_remote_footer(
     root: &Path,
 ) -> Result<Shard> {
     let path = PathBuf::from(obj.url());
-    let (meta, footer_digest) = remote_meta(client, obj.clone()).await?;
     let rel = rel_path(&path, root);
+    let tail = fetch_tail(&client, &obj).await?;
+    // A Parquet file ends in PAR1; anything else may be Arrow IPC (told by its first bytes).
+    if !tail.1.ends_with(b"PAR1") {
+        if let Some(meta) = remote_ipc_meta(obj.clone(), tail.clone()).await? {
+            let mut shard = ipc_shard(&path, rel, obj.size, 0, meta);
+            shard.object = Some(obj);
+            return Ok(shard);
+        }
+    }
+    let (meta, footer_digest) = parquet_meta(client, obj.clone(), tail).await?;
     shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
+}
+
+/// The last [`FOOTER_PREFETCH`](crate::store::FOOTER_PREFETCH) bytes of an object (all of a
+/// smaller one): a Parquet footer, or an IPC file's footer, in one request.
+async fn fetch_tail(
+    client: &Arc<dyn object_store::ObjectStore>,
+    obj: &Object,
+) -> Result<(std::ops::Range<u64>, bytes::Bytes)> {
+    if obj.size == 0 {
+        return Err(Error::shard(
+            Path::new(&obj.url()),
+            "an empty object (0 bytes): not a Parquet or Arrow IPC file",
+        ));
+    }
+    let range = obj.suffix(crate::store::FOOTER_PREFETCH);
+    let tail = crate::store::fetch_ranges(client.clone(), obj.clone(), vec![range.clone()])
+        .await?
+        .remove(0);
+    Ok((range, tail))
+}
+
+/// Bytes of an object for the IPC index ([`ipc::read_file`], [`ipc::read_stream`]), which
+/// reads the same bytes as it does of a local file: served from fetched chunks, a miss
+/// fetching some bytes ahead from there on (a stream's next message headers, so a walk over
+/// small batches costs a request per 64 KiB, not per message). The read-ahead adapts: a miss
+/// past the end of the last fetch means a body larger than the rest of it was skipped, so the
+/// next fetch is smaller (down to 4 KiB: a header, not a body); a miss at its end, larger
+/// again. Every fetch goes through the store's retry policy and If-Match on the ETag seen
+/// when listing.
+struct RemoteAt {
+    obj: Object,
+    chunks: std::sync::Mutex<Vec<(u64, bytes::Bytes)>>,
+    /// (end of the last read-ahead fetch, the read-ahead for the next one)
+    ahead: std::sync::Mutex<(u64, u64)>,
+}
+
+const IPC_READ_AHEAD: u64 = 64 * 1024;
+const IPC_MIN_READ_AHEAD: u64 = 4 * 1024;
+
+impl RemoteAt {
+    fn cached(chunks: &[(u64, bytes::Bytes)], r: &std::ops::Range<u64>) -> Option<Vec<u8>> {
+        chunks.iter().find_map(|(s, b)| {
+            (*s <= r.start && r.end <= s + b.len() as u64)
+                .then(|| b[(r.start - s) as usize..(r.end - s) as usize].to_vec())
+        })
+    }
+}
+
+impl ipc::ReadAt for RemoteAt {
+    fn read_at(&self, r: std::ops::Range<u64>) -> Result<Vec<u8>> {
+        let mut chunks = self.chunks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = Self::cached(&chunks, &r) {
+            return Ok(b);
+        }
+        // Reads go forward (a walk, a file's blocks in order): what lies before is done with.
+        chunks.retain(|(s, b)| s + b.len() as u64 > r.start);
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        let (last_end, size) = *ahead;
+        let size = if r.start > last_end {
+            (size / 4).max(IPC_MIN_READ_AHEAD)
+        } else {
+            (size * 4).min(IPC_READ_AHEAD)
+        };
+        let end = r.end.max(r.start + size).min(self.obj.size).max(r.end);
+        let got = self
+            .obj
+            .fetch(std::iter::once(r.start..end).collect())?
+            .remove(0);
+        *ahead = (end, size);
+        chunks.push((r.start, got));
+        Ok(Self::cached(&chunks, &r).expect("just fetched"))
+    }
+
+    fn prefetch(&self, ranges: &[std::ops::Range<u64>]) -> Result<()> {
+        let mut chunks = self.chunks.lock().unwrap_or_else(|e| e.into_inner());
+        let missing: Vec<_> = ranges
+            .iter()
+            .filter(|r| Self::cached(&chunks, r).is_none() && r.end <= self.obj.size)
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let got = self.obj.fetch(missing.clone())?;
+        chunks.extend(missing.iter().map(|r| r.start).zip(got));
+        Ok(())
+    }
+}
+
+/// The IPC index of an object whose last bytes are `tail`, or `None` if its first bytes say
+/// it is not Arrow IPC. A file: its footer (usually in `tail`), then every batch header in
+/// one coalesced round of ranged reads; a stream: its message headers walked with read-ahead.
+/// Bodies are never fetched. Runs on a blocking thread: the index readers are synchronous.
+async fn remote_ipc_meta(
+    obj: Object,
+    tail: (std::ops::Range<u64>, bytes::Bytes),
+) -> Result<Option<ipc::IpcMeta>> {
+    let path = PathBuf::from(obj.url());
+    let size = obj.size;
+    let task = tokio::task::spawn_blocking(move || {
+        let src = RemoteAt {
+            obj,
+            chunks: std::sync::Mutex::new(vec![(tail.0.start, tail.1)]),
+            ahead: std::sync::Mutex::new((0, IPC_READ_AHEAD)),
+        };
+        // A file ends in ARROW1 too (its start is checked with the batch headers' reads).
+        let kind = if src
+            .chunks
+            .lock()
+            .expect("new")
+            .last()
+            .is_some_and(|c| c.1.ends_with(b"ARROW1"))
+        {
+            Ok(Sniffed::IpcFile)
+        } else {
+            ipc::sniff_at(&src, size)
+        };
+        shard_guard(&path, || match kind? {
+            Sniffed::Parquet => Ok(None),
+            Sniffed::IpcFile => ipc::read_file(&src, &path, size).map(Some),
+            Sniffed::IpcStream => ipc::read_stream(&src, &path, size).map(Some),
+        })
+    });
+    task.await
+        .map_err(|e| Error::Internal(format!("IPC index task failed: {e}")))?
 }
 
 /// One remote footer, parsed, and the digest of its raw bytes: a single suffix request in the
@@ -201,6 +336,16 @@ pub(crate) async fn remote_meta(
     client: Arc<dyn object_store::ObjectStore>,
     obj: Object,
 ) -> Result<(ArrowReaderMetadata, [u8; 16])> {
+    let tail = fetch_tail(&client, &obj).await?;
+    parquet_meta(client, obj, tail).await
+}
+
+/// [`remote_meta`] from the object's `tail`, already fetched.
+async fn parquet_meta(
+    client: Arc<dyn object_store::ObjectStore>,
+    obj: Object,
+    (tail_range, tail): (std::ops::Range<u64>, bytes::Bytes),
+) -> Result<(ArrowReaderMetadata, [u8; 16])> {
     use parquet::file::metadata::ParquetMetaDataPushDecoder;
     use parquet::DecodeResult;
     let url = obj.url();
@@ -209,17 +354,6 @@ pub(crate) async fn remote_meta(
         return Err(Error::shard(
             &path,
             format!("not a Parquet file: {} bytes long", obj.size),
-        ));
-    }
-    let tail_range = obj.suffix(crate::store::FOOTER_PREFETCH);
-    let tail = crate::store::fetch_ranges(client.clone(), obj.clone(), vec![tail_range.clone()])
-        .await?
-        .remove(0);
-    if tail.ends_with(b"ARROW1") {
-        return Err(Error::shard(
-            &path,
-            "an Arrow IPC file: IPC shards are read from local paths only for now (Parquet \
-             from object stores)",
         ));
     }
     let bad = |e: parquet::errors::ParquetError| {
@@ -391,23 +525,20 @@ fn ipc_schema(s: &Shard) -> Result<SchemaRef> {
         ));
     }
     let file = File::open(&s.path).map_err(|e| Error::io(&s.path, e))?;
-    let kind = sniff_file(&file, &s.path)?;
+    let kind = sniff_file(&file, &s.path, s.size)?;
     Ok(ipc::read_local(&file, &s.path, s.size, kind)?.schema)
 }
 
 /// What a local file's first bytes say it is.
-pub(crate) fn sniff_file(file: &File, path: &Path) -> Result<Sniffed> {
-    use std::os::unix::fs::FileExt;
-    let mut head = [0u8; 8];
-    let n = file.read_at(&mut head, 0).map_err(|e| Error::io(path, e))?;
-    Ok(ipc::sniff(&head[..n]))
+pub(crate) fn sniff_file(file: &File, path: &Path, size: u64) -> Result<Sniffed> {
+    ipc::sniff_at(&(file, path), size)
 }
 
 fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
     let size = fs_meta.len();
-    let kind = sniff_file(&file, path)?;
+    let kind = sniff_file(&file, path, size)?;
     if kind != Sniffed::Parquet {
         let meta = ipc::read_local(&file, path, size, kind)?;
         let mut shard = ipc_shard(path, rel_path(path, root), size, mtime_ns(&fs_meta), meta);

@@ -108,6 +108,30 @@ pub(crate) struct IpcMeta {
 /// Positioned reads of a shard's bytes (a local file or an object).
 pub(crate) trait ReadAt {
     fn read_at(&self, range: Range<u64>) -> Result<Vec<u8>>;
+    /// `ranges` will be read next: a remote reader fetches them together (coalesced, in
+    /// parallel) instead of one request each. A hint; local files ignore it.
+    fn prefetch(&self, _ranges: &[Range<u64>]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// What a shard of `size` bytes is, from its first bytes: [`sniff`], plus streams written
+/// before format 0.15 (no continuation marker: a 4-byte length, then a schema message), which
+/// arrow-ipc still reads. Those are told from other data by parsing that first message.
+pub(crate) fn sniff_at(src: &impl ReadAt, size: u64) -> Result<Sniffed> {
+    let head = src.read_at(0..size.min(8))?;
+    let kind = sniff(&head);
+    if kind != Sniffed::Parquet || head.len() < 8 || head.starts_with(b"PAR1") {
+        return Ok(kind);
+    }
+    let len = i32::from_le_bytes(head[..4].try_into().expect("4"));
+    if len <= 0 || len as usize > MAX_METADATA || 4 + len as u64 > size {
+        return Ok(kind);
+    }
+    let fb = src.read_at(4..4 + len as u64)?;
+    let schema =
+        arrow_ipc::root_as_message(&fb).is_ok_and(|m| m.header_type() == MessageHeader::Schema);
+    Ok(if schema { Sniffed::IpcStream } else { kind })
 }
 
 impl ReadAt for (&File, &Path) {
@@ -324,9 +348,34 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
             body_len: l as u64,
         })
     };
+    let dict_blocks = footer
+        .dictionaries()
+        .iter()
+        .flatten()
+        .map(|b| block(b, "dictionary"))
+        .collect::<Result<Vec<_>>>()?;
+    let batch_blocks = footer
+        .recordBatches()
+        .iter()
+        .flatten()
+        .map(|b| block(b, "record batch"))
+        .collect::<Result<Vec<_>>>()?;
+    // The leading magic and every message header (never a body) at once: one coalesced
+    // round of requests remotely.
+    let heads: Vec<Range<u64>> = std::iter::once(0..6)
+        .chain(
+            dict_blocks
+                .iter()
+                .chain(&batch_blocks)
+                .map(|m| m.offset..m.offset + u64::from(m.meta_len)),
+        )
+        .collect();
+    src.prefetch(&heads)?;
+    if src.read_at(0..6)? != FILE_MAGIC {
+        return Err(bad("no ARROW1 magic at the start".into()));
+    }
     let mut dicts = Vec::new();
-    for b in footer.dictionaries().iter().flatten() {
-        let msg = block(b, "dictionary")?;
+    for msg in dict_blocks {
         let Some((found, mfb)) = message_at(src, path, msg.offset, footer_start)? else {
             return Err(bad(format!("no dictionary message at byte {}", msg.offset)));
         };
@@ -347,8 +396,7 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
     }
     let mut batches = Vec::new();
     let mut rows = Vec::new();
-    for b in footer.recordBatches().iter().flatten() {
-        let msg = block(b, "record batch")?;
+    for msg in batch_blocks {
         let Some((found, mfb)) = message_at(src, path, msg.offset, footer_start)? else {
             return Err(bad(format!("no record batch at byte {}", msg.offset)));
         };
@@ -624,7 +672,7 @@ mod tests {
     fn index(data: &[u8]) -> Result<IpcMeta> {
         let p = Path::new("mem.arrow");
         let src = Mem(data.to_vec());
-        match sniff(data) {
+        match sniff_at(&src, data.len() as u64)? {
             Sniffed::IpcFile => read_file(&src, p, data.len() as u64),
             Sniffed::IpcStream => read_stream(&src, p, data.len() as u64),
             Sniffed::Parquet => Err(Error::shard(p, "not IPC")),
@@ -683,6 +731,132 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A ranged reader that records what is read and what was announced by `prefetch`.
+    struct Recorded {
+        data: Vec<u8>,
+        reads: std::cell::RefCell<Vec<Range<u64>>>,
+        prefetched: std::cell::RefCell<Vec<Range<u64>>>,
+    }
+    impl ReadAt for Recorded {
+        fn read_at(&self, r: Range<u64>) -> Result<Vec<u8>> {
+            self.reads.borrow_mut().push(r.clone());
+            Ok(self.data[r.start as usize..r.end as usize].to_vec())
+        }
+        fn prefetch(&self, ranges: &[Range<u64>]) -> Result<()> {
+            self.prefetched.borrow_mut().extend_from_slice(ranges);
+            Ok(())
+        }
+    }
+
+    /// The index of a file or a stream (current or pre-0.15 format) over a ranged reader
+    /// (what an object store serves) reads no byte of any message body; a file announces its
+    /// leading magic and every batch and dictionary header in one prefetch, and every header
+    /// read then lies inside it.
+    #[test]
+    fn the_header_walk_never_reads_a_body() {
+        let bs: Vec<RecordBatch> = (0..4).map(|b| batch(b, [6, 0, 9, 3][b as usize])).collect();
+        let file_bs: Vec<RecordBatch> = (0..4).map(|b| batch(0, 2 + b)).collect();
+        for (stream, legacy) in [(false, false), (true, false), (true, true)] {
+            let opts = options(Some(CompressionType::ZSTD), stream);
+            let opts = if legacy {
+                // (compression needs metadata V5, the legacy format V4)
+                IpcWriteOptions::try_new(8, true, MetadataVersion::V4).unwrap()
+            } else {
+                opts
+            };
+            let data = write(if stream { &bs } else { &file_bs }, stream, opts);
+            assert_eq!(
+                legacy,
+                data[..4] != CONTINUATION && data[..6] != *FILE_MAGIC
+            );
+            let src = Recorded {
+                data: data.clone(),
+                reads: Default::default(),
+                prefetched: Default::default(),
+            };
+            let size = data.len() as u64;
+            let kind = sniff_at(&src, size).unwrap();
+            let want = if stream {
+                Sniffed::IpcStream
+            } else {
+                Sniffed::IpcFile
+            };
+            assert_eq!(kind, want, "legacy={legacy}");
+            let meta = if stream {
+                read_stream(&src, Path::new("m"), size).unwrap()
+            } else {
+                read_file(&src, Path::new("m"), size).unwrap()
+            };
+            assert_eq!(
+                meta.index,
+                index(&data).unwrap().index,
+                "same index as in memory"
+            );
+            let bodies: Vec<Range<u64>> = meta
+                .index
+                .batches
+                .iter()
+                .chain(meta.index.dicts.iter().map(|d| &d.msg))
+                .map(|m| m.offset + u64::from(m.meta_len)..m.range().end)
+                .filter(|b| !b.is_empty())
+                .collect();
+            assert!(!bodies.is_empty());
+            for r in src.reads.borrow().iter() {
+                for b in &bodies {
+                    assert!(
+                        r.end <= b.start || r.start >= b.end,
+                        "stream={stream} legacy={legacy}: read {r:?} overlaps body {b:?}"
+                    );
+                }
+            }
+            let pre = src.prefetched.borrow();
+            if stream {
+                assert!(pre.is_empty());
+            } else {
+                let n = meta.index.batches.len() + meta.index.dicts.len();
+                assert_eq!(
+                    pre.len(),
+                    1 + n,
+                    "the magic and every header, announced once"
+                );
+                let heads = src.reads.borrow();
+                let inside =
+                    |r: &Range<u64>| pre.iter().any(|p| p.start <= r.start && r.end <= p.end);
+                let after_footer = heads.iter().skip_while(|r| r.end < size - 10).skip(2);
+                for r in after_footer {
+                    assert!(
+                        inside(r),
+                        "{r:?} read outside the prefetched headers {pre:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A truncated or non-IPC start is not taken for a pre-0.15 stream.
+    #[test]
+    fn legacy_detection_needs_a_schema_message() {
+        let mem = |d: &[u8]| Mem(d.to_vec());
+        let bs = vec![batch(0, 3)];
+        let legacy = write(
+            &bs,
+            true,
+            IpcWriteOptions::try_new(8, true, MetadataVersion::V4).unwrap(),
+        );
+        let n = legacy.len() as u64;
+        assert_eq!(sniff_at(&mem(&legacy), n).unwrap(), Sniffed::IpcStream);
+        assert_eq!(sniff_at(&mem(&legacy[..40]), 40).unwrap(), Sniffed::Parquet);
+        let mut junk = legacy.clone();
+        junk[10] ^= 0xff;
+        junk[20] ^= 0xff;
+        let _ = sniff_at(&mem(&junk), n).unwrap(); // no panic on a damaged flatbuffer
+        assert_eq!(
+            sniff_at(&mem(b"PAR1\x10\0\0\0"), 8).unwrap(),
+            Sniffed::Parquet
+        );
+        assert_eq!(sniff_at(&mem(b"abc"), 3).unwrap(), Sniffed::Parquet);
     }
 
     #[test]

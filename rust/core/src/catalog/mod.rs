@@ -17,7 +17,7 @@ mod footer;
 pub mod ipc;
 mod schema;
 pub mod sidecar;
-mod sources;
+pub(crate) mod sources;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
