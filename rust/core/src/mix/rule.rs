@@ -109,6 +109,8 @@ pub struct Mixer {
     pieces: Pieces,
     /// The piece holding item `inner`.
     piece: Piece,
+    /// Some source has weight in `piece` (kept with it: checked once per item).
+    live: bool,
     /// Items yielded since the last rebase.
     since: u64,
     /// Items the rule has decided since the last rebase (stratified: the end of the block).
@@ -149,6 +151,7 @@ impl Mixer {
             rule,
             slot,
             pieces,
+            live: false,
             piece,
             since: 0,
             inner: 0,
@@ -332,6 +335,11 @@ impl Mixer {
         if self.left == Some(0) {
             return false;
         }
+        // The common case, once per item: no source in the mix has run out.
+        let active = &self.pieces.active;
+        if !active.iter().zip(&avail.left).any(|(a, l)| *a && *l == 0) {
+            return true;
+        }
         let mut dropped = false;
         for s in 0..self.d.len() {
             if self.pieces.active[s] && avail.left[s] == 0 {
@@ -357,7 +365,7 @@ impl Mixer {
 
     /// Recompute what derives from the position: the piece, deadlines, the random stream.
     fn reset_rule(&mut self) {
-        self.piece = self.pieces.piece(self.inner);
+        self.set_piece();
         for s in 0..self.d.len() {
             self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
         }
@@ -381,8 +389,13 @@ impl Mixer {
 
     fn ensure_piece(&mut self) {
         if self.inner < self.piece.start || self.piece.end.is_some_and(|e| self.inner >= e) {
-            self.piece = self.pieces.piece(self.inner);
+            self.set_piece();
         }
+    }
+
+    fn set_piece(&mut self) {
+        self.piece = self.pieces.piece(self.inner);
+        self.live = self.piece.w.iter().any(|w| *w > 0);
     }
 
     /// The first item `t' >= t` by which source `s` (deficit `d` before item `t`) must be taken.
@@ -396,17 +409,20 @@ impl Mixer {
         }
         let mut at = t;
         loop {
-            let p = if at >= self.piece.start && self.piece.end.is_none_or(|e| at < e) {
-                self.piece.clone()
+            // The current piece is read in place (this runs once per item: no clone).
+            let (w, end) = if at >= self.piece.start && self.piece.end.is_none_or(|e| at < e) {
+                (self.piece.w[s], self.piece.end)
             } else {
-                self.pieces.piece(at)
+                let p = self.pieces.piece(at);
+                (p.w[s], p.end)
             };
-            let w = p.w[s] as i128;
+            let w = w as i128;
             let reach = |at: u64, need: i128| -> u64 {
-                let steps = (need + w - 1) / w; // >= 1
+                // 0 < need <= 2 * UNIT and 0 < w <= UNIT: u64 division (i128's is a call)
+                let steps = (need as u64).div_ceil(w as u64) as i128; // >= 1
                 u64::try_from(at as i128 + steps - 1).unwrap_or(u64::MAX)
             };
-            match p.end {
+            match end {
                 None => return if w == 0 { u64::MAX } else { reach(at, need) },
                 Some(end) => {
                     let n = (end - at) as i128;
@@ -423,19 +439,23 @@ impl Mixer {
     /// Earliest deadline among the released sources (ties: the lower index).
     fn choose(&mut self) -> Option<usize> {
         self.ensure_piece();
-        if self.piece.w.iter().all(|w| *w == 0) {
+        if !self.live {
             return None; // no source in the mix has weight here: the mixture ends
         }
+        let k = self.d.len();
+        let (active, w) = (&self.pieces.active[..k], &self.piece.w[..k]);
         let mut best: Option<(u64, usize)> = None;
-        for s in 0..self.d.len() {
-            if !self.pieces.active[s] || self.d[s] + self.piece.w[s] as i64 <= 0 {
+        for s in 0..k {
+            if !active[s] || self.d[s] + w[s] as i64 <= 0 {
                 continue;
             }
-            if self.deadline[s] < self.inner {
-                self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
+            let mut dl = self.deadline[s];
+            if dl < self.inner {
+                dl = self.deadline_of(s, self.inner, self.d[s]);
+                self.deadline[s] = dl;
             }
-            if best.is_none_or(|(dl, _)| self.deadline[s] < dl) {
-                best = Some((self.deadline[s], s));
+            if best.is_none_or(|(b, _)| dl < b) {
+                best = Some((dl, s));
             }
         }
         best.map(|(_, s)| s)
@@ -454,7 +474,7 @@ impl Mixer {
     fn draw(&mut self) -> Option<usize> {
         self.ensure_piece();
         let rng = self.rng.as_mut().expect("random mixing has a stream");
-        if self.piece.w.iter().all(|w| *w == 0) {
+        if !self.live {
             return None;
         }
         // One u64 per item (below(2**32) never rejects), so item t is at word 2t.
