@@ -310,6 +310,39 @@ impl Mixer {
         c
     }
 
+    /// Take up to `n` items at once, appending their sources to `out` and counting them in
+    /// `counts`: the same items `take` would give, without the per-item boundary and peek.
+    /// Only when the boundary cannot act within them (deterministic mixing, no pending peek,
+    /// no item limit below `n`, every source in the mix with at least `n` rows); otherwise
+    /// takes nothing, and may stop early (the rule ends): the caller goes on with `take`.
+    pub fn take_run(&mut self, avail: &mut Avail, n: u64, counts: &mut [u64], out: &mut Vec<u16>) {
+        if self.ended
+            || self.cached.is_some()
+            || self.rule.mixing != Mixing::Deterministic
+            || self.left.is_some_and(|l| l < n)
+            || (self.pieces.active.iter())
+                .zip(&avail.left)
+                .any(|(a, l)| *a && *l < n)
+        {
+            return;
+        }
+        for _ in 0..n {
+            let Some(s) = self.choose() else { break };
+            self.commit(s);
+            self.since += 1;
+            self.items += 1;
+            self.taken[s] += 1;
+            if let Some(l) = &mut self.left {
+                *l -= 1;
+            }
+            if avail.left[s] != u64::MAX {
+                avail.left[s] -= 1;
+            }
+            counts[s] += 1;
+            out.push(s as u16);
+        }
+    }
+
     fn decide(&mut self, avail: &Avail) -> Option<usize> {
         if self.ended {
             return None;
@@ -444,7 +477,7 @@ impl Mixer {
         }
         let k = self.d.len();
         let (active, w) = (&self.pieces.active[..k], &self.piece.w[..k]);
-        let mut best: Option<(u64, usize)> = None;
+        let (mut best, mut best_dl) = (usize::MAX, u64::MAX);
         for s in 0..k {
             if !active[s] || self.d[s] + w[s] as i64 <= 0 {
                 continue;
@@ -454,11 +487,11 @@ impl Mixer {
                 dl = self.deadline_of(s, self.inner, self.d[s]);
                 self.deadline[s] = dl;
             }
-            if best.is_none_or(|(b, _)| dl < b) {
-                best = Some((dl, s));
+            if dl < best_dl || best == usize::MAX {
+                (best, best_dl) = (s, dl);
             }
         }
-        best.map(|(_, s)| s)
+        (best != usize::MAX).then_some(best)
     }
 
     fn commit(&mut self, s: usize) {
@@ -705,6 +738,42 @@ mod tests {
             while let Some(s) = c.take(&mut avail) { rest.push(s); }
             prop_assert_eq!(&rest[..], &all[cut..]);
             prop_assert!(all.len() <= 400);
+        }
+
+        /// `take_run` gives exactly the items `take` gives (and leaves the same position),
+        /// whether or not its conditions let it run, across schedule pieces and exhaustion.
+        #[test]
+        fn take_run_equals_take(
+            s in schedule(), n in 1u64..70, count in 1u32..4,
+            rows in proptest::collection::vec(prop_oneof![Just(u64::MAX), 0u64..300], 7),
+        ) {
+            let k = s.points[0].1.len();
+            let slot = Slot::new(count - 1, count).unwrap();
+            let r = rule(s, Mixing::Deterministic, k, false);
+            let start = Avail { left: rows[..k].to_vec() };
+            let (mut a, mut av_a) = (Mixer::fresh(r.clone(), slot, 5, Some(700), vec![true; k], 0, vec![0; k]), start.clone());
+            let (mut b, mut av_b) = (a.clone(), start);
+            let mut ran = false;
+            loop {
+                let mut counts = vec![0u64; k];
+                let mut x = Vec::new();
+                b.take_run(&mut av_b, n, &mut counts, &mut x);
+                ran |= !x.is_empty();
+                while (x.len() as u64) < n {
+                    let Some(s) = b.take(&mut av_b) else { break };
+                    counts[s] += 1;
+                    x.push(s as u16);
+                }
+                let y: Vec<u16> = (0..n).map_while(|_| a.take(&mut av_a)).map(|s| s as u16).collect();
+                prop_assert_eq!(&x, &y);
+                for (i, c) in counts.iter().enumerate() {
+                    prop_assert_eq!(*c, x.iter().filter(|s| **s as usize == i).count() as u64);
+                }
+                prop_assert_eq!(a.position(), b.position());
+                prop_assert_eq!(&av_a, &av_b);
+                if y.is_empty() { break; }
+            }
+            prop_assert!(ran || rows[..k].iter().any(|r| *r < n));
         }
 
         /// Stratified blocks hold exactly the deterministic rule's counts for the same items.
