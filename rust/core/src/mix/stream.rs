@@ -177,7 +177,8 @@ impl MixStream {
         let mut choices = Vec::with_capacity(n.min(1 << 16) as usize);
         if !self.row_mode {
             // The batch at once while no source can run out within it (the same choices).
-            self.mixer.take_run(&mut avail, n, &mut counts, &mut choices);
+            self.mixer
+                .take_run(&mut avail, n, &mut counts, &mut choices);
         }
         while (choices.len() as u64) < n {
             let Some(s) = self.mixer.peek(&avail) else {
