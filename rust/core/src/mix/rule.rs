@@ -109,6 +109,8 @@ pub struct Mixer {
     pieces: Pieces,
     /// The piece holding item `inner`.
     piece: Piece,
+    /// Some source has weight in `piece` (kept with it: checked once per item).
+    live: bool,
     /// Items yielded since the last rebase.
     since: u64,
     /// Items the rule has decided since the last rebase (stratified: the end of the block).
@@ -149,6 +151,7 @@ impl Mixer {
             rule,
             slot,
             pieces,
+            live: false,
             piece,
             since: 0,
             inner: 0,
@@ -307,6 +310,39 @@ impl Mixer {
         c
     }
 
+    /// Take up to `n` items at once, appending their sources to `out` and counting them in
+    /// `counts`: the same items `take` would give, without the per-item boundary and peek.
+    /// Only when the boundary cannot act within them (deterministic mixing, no pending peek,
+    /// no item limit below `n`, every source in the mix with at least `n` rows); otherwise
+    /// takes nothing, and may stop early (the rule ends): the caller goes on with `take`.
+    pub fn take_run(&mut self, avail: &mut Avail, n: u64, counts: &mut [u64], out: &mut Vec<u16>) {
+        if self.ended
+            || self.cached.is_some()
+            || self.rule.mixing != Mixing::Deterministic
+            || self.left.is_some_and(|l| l < n)
+            || (self.pieces.active.iter())
+                .zip(&avail.left)
+                .any(|(a, l)| *a && *l < n)
+        {
+            return;
+        }
+        for _ in 0..n {
+            let Some(s) = self.choose() else { break };
+            self.commit(s);
+            self.since += 1;
+            self.items += 1;
+            self.taken[s] += 1;
+            if let Some(l) = &mut self.left {
+                *l -= 1;
+            }
+            if avail.left[s] != u64::MAX {
+                avail.left[s] -= 1;
+            }
+            counts[s] += 1;
+            out.push(s as u16);
+        }
+    }
+
     fn decide(&mut self, avail: &Avail) -> Option<usize> {
         if self.ended {
             return None;
@@ -331,6 +367,11 @@ impl Mixer {
     fn boundary(&mut self, avail: &Avail) -> bool {
         if self.left == Some(0) {
             return false;
+        }
+        // The common case, once per item: no source in the mix has run out.
+        let active = &self.pieces.active;
+        if !active.iter().zip(&avail.left).any(|(a, l)| *a && *l == 0) {
+            return true;
         }
         let mut dropped = false;
         for s in 0..self.d.len() {
@@ -357,7 +398,7 @@ impl Mixer {
 
     /// Recompute what derives from the position: the piece, deadlines, the random stream.
     fn reset_rule(&mut self) {
-        self.piece = self.pieces.piece(self.inner);
+        self.set_piece();
         for s in 0..self.d.len() {
             self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
         }
@@ -381,8 +422,13 @@ impl Mixer {
 
     fn ensure_piece(&mut self) {
         if self.inner < self.piece.start || self.piece.end.is_some_and(|e| self.inner >= e) {
-            self.piece = self.pieces.piece(self.inner);
+            self.set_piece();
         }
+    }
+
+    fn set_piece(&mut self) {
+        self.piece = self.pieces.piece(self.inner);
+        self.live = self.piece.w.iter().any(|w| *w > 0);
     }
 
     /// The first item `t' >= t` by which source `s` (deficit `d` before item `t`) must be taken.
@@ -396,17 +442,20 @@ impl Mixer {
         }
         let mut at = t;
         loop {
-            let p = if at >= self.piece.start && self.piece.end.is_none_or(|e| at < e) {
-                self.piece.clone()
+            // The current piece is read in place (this runs once per item: no clone).
+            let (w, end) = if at >= self.piece.start && self.piece.end.is_none_or(|e| at < e) {
+                (self.piece.w[s], self.piece.end)
             } else {
-                self.pieces.piece(at)
+                let p = self.pieces.piece(at);
+                (p.w[s], p.end)
             };
-            let w = p.w[s] as i128;
+            let w = w as i128;
             let reach = |at: u64, need: i128| -> u64 {
-                let steps = (need + w - 1) / w; // >= 1
+                // 0 < need <= 2 * UNIT and 0 < w <= UNIT: u64 division (i128's is a call)
+                let steps = (need as u64).div_ceil(w as u64) as i128; // >= 1
                 u64::try_from(at as i128 + steps - 1).unwrap_or(u64::MAX)
             };
-            match p.end {
+            match end {
                 None => return if w == 0 { u64::MAX } else { reach(at, need) },
                 Some(end) => {
                     let n = (end - at) as i128;
@@ -423,22 +472,26 @@ impl Mixer {
     /// Earliest deadline among the released sources (ties: the lower index).
     fn choose(&mut self) -> Option<usize> {
         self.ensure_piece();
-        if self.piece.w.iter().all(|w| *w == 0) {
+        if !self.live {
             return None; // no source in the mix has weight here: the mixture ends
         }
-        let mut best: Option<(u64, usize)> = None;
-        for s in 0..self.d.len() {
-            if !self.pieces.active[s] || self.d[s] + self.piece.w[s] as i64 <= 0 {
+        let k = self.d.len();
+        let (active, w) = (&self.pieces.active[..k], &self.piece.w[..k]);
+        let (mut best, mut best_dl) = (usize::MAX, u64::MAX);
+        for s in 0..k {
+            if !active[s] || self.d[s] + w[s] as i64 <= 0 {
                 continue;
             }
-            if self.deadline[s] < self.inner {
-                self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
+            let mut dl = self.deadline[s];
+            if dl < self.inner {
+                dl = self.deadline_of(s, self.inner, self.d[s]);
+                self.deadline[s] = dl;
             }
-            if best.is_none_or(|(dl, _)| self.deadline[s] < dl) {
-                best = Some((self.deadline[s], s));
+            if dl < best_dl || best == usize::MAX {
+                (best, best_dl) = (s, dl);
             }
         }
-        best.map(|(_, s)| s)
+        (best != usize::MAX).then_some(best)
     }
 
     fn commit(&mut self, s: usize) {
@@ -454,7 +507,7 @@ impl Mixer {
     fn draw(&mut self) -> Option<usize> {
         self.ensure_piece();
         let rng = self.rng.as_mut().expect("random mixing has a stream");
-        if self.piece.w.iter().all(|w| *w == 0) {
+        if !self.live {
             return None;
         }
         // One u64 per item (below(2**32) never rejects), so item t is at word 2t.
@@ -685,6 +738,42 @@ mod tests {
             while let Some(s) = c.take(&mut avail) { rest.push(s); }
             prop_assert_eq!(&rest[..], &all[cut..]);
             prop_assert!(all.len() <= 400);
+        }
+
+        /// `take_run` gives exactly the items `take` gives (and leaves the same position),
+        /// whether or not its conditions let it run, across schedule pieces and exhaustion.
+        #[test]
+        fn take_run_equals_take(
+            s in schedule(), n in 1u64..70, count in 1u32..4,
+            rows in proptest::collection::vec(prop_oneof![Just(u64::MAX), 0u64..300], 7),
+        ) {
+            let k = s.points[0].1.len();
+            let slot = Slot::new(count - 1, count).unwrap();
+            let r = rule(s, Mixing::Deterministic, k, false);
+            let start = Avail { left: rows[..k].to_vec() };
+            let (mut a, mut av_a) = (Mixer::fresh(r.clone(), slot, 5, Some(700), vec![true; k], 0, vec![0; k]), start.clone());
+            let (mut b, mut av_b) = (a.clone(), start);
+            let mut ran = false;
+            loop {
+                let mut counts = vec![0u64; k];
+                let mut x = Vec::new();
+                b.take_run(&mut av_b, n, &mut counts, &mut x);
+                ran |= !x.is_empty();
+                while (x.len() as u64) < n {
+                    let Some(s) = b.take(&mut av_b) else { break };
+                    counts[s] += 1;
+                    x.push(s as u16);
+                }
+                let y: Vec<u16> = (0..n).map_while(|_| a.take(&mut av_a)).map(|s| s as u16).collect();
+                prop_assert_eq!(&x, &y);
+                for (i, c) in counts.iter().enumerate() {
+                    prop_assert_eq!(*c, x.iter().filter(|s| **s as usize == i).count() as u64);
+                }
+                prop_assert_eq!(a.position(), b.position());
+                prop_assert_eq!(&av_a, &av_b);
+                if y.is_empty() { break; }
+            }
+            prop_assert!(ran || rows[..k].iter().any(|r| *r < n));
         }
 
         /// Stratified blocks hold exactly the deterministic rule's counts for the same items.

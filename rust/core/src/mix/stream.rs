@@ -185,7 +185,12 @@ impl MixStream {
         };
         let k = self.streams.len();
         let mut counts = vec![0u64; k];
-        let mut choices = Vec::new();
+        let mut choices = Vec::with_capacity(n.min(1 << 16) as usize);
+        if !self.row_mode {
+            // The batch at once while no source can run out within it (the same choices).
+            self.mixer
+                .take_run(&mut avail, n, &mut counts, &mut choices);
+        }
         while (choices.len() as u64) < n {
             let Some(s) = self.mixer.peek(&avail) else {
                 break;
