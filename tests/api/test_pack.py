@@ -148,9 +148,16 @@ def test_concat_bos_eos_pad_and_unshifted_labels(docs):
     assert tokens(rows) == want
 
 
-@pytest.mark.parametrize("dtype", [pa.int64(), pa.uint16(), pa.uint32()])
+@pytest.mark.parametrize("dtype", [pa.int64(), pa.uint16(), pa.uint32(), pa.uint64()])
 def test_token_types(tmp_path, dtype):
-    root = write_docs(str(tmp_path), [3, 5, 2, 7], shards=1, dtype=dtype)
+    root = write_docs(str(tmp_path / "ok"), [3, 5, 2, 7], shards=1, dtype=dtype)
+    if dtype == pa.uint64():  # a token past int64 is refused, naming the column
+        bad = str(tmp_path / "bad")
+        os.makedirs(bad)
+        t = pa.table({"input_ids": pa.array([[1, 2], [3, 2**63]], pa.list_(dtype))})
+        pq.write_table(t, os.path.join(bad, "s0.parquet"))
+        with pytest.raises(ValueError, match="input_ids.*out-of-range"):
+            list(stream(bad, Pack(seq_len=3)))
     if dtype == pa.uint16():  # token values must fit
         t = pa.table({"input_ids": pa.array([[1, 2, 65535], [4]], pa.list_(dtype))})
         pq.write_table(t, os.path.join(root, "s0.parquet"))

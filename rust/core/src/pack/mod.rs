@@ -19,8 +19,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::Int64Type;
-use arrow_array::{Array, FixedSizeListArray, Int16Array, Int32Array, Int64Array, RecordBatch};
+use arrow_array::types::{
+    Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{
+    Array, FixedSizeListArray, GenericListArray, Int16Array, Int32Array, Int64Array,
+    OffsetSizeTrait, RecordBatch,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
@@ -388,16 +393,23 @@ impl Packer {
             Ok(i) => b.column(i),
             Err(_) => b.column(self.column),
         };
-        let want = DataType::LargeList(Arc::new(Field::new("item", DataType::Int64, true)));
-        let cast = arrow_cast::cast(col, &want).map_err(|e| {
-            Error::Config(format!(
-                "Pack column {:?}: token ids do not convert to int64: {e}",
+        match col.data_type() {
+            DataType::List(_) => self.documents_of(col.as_list::<i32>()),
+            DataType::LargeList(_) => self.documents_of(col.as_list::<i64>()),
+            t => Err(Error::Config(format!(
+                "Pack column {:?} must be a list of integers, got {t}",
                 self.cfg.column
-            ))
-        })?;
-        let list = cast.as_list::<i64>();
-        let values = list.values().as_primitive::<Int64Type>();
-        let offsets = list.value_offsets();
+            ))),
+        }
+    }
+
+    /// `documents` of a list column: each row's tokens widened straight into its own buffer
+    /// (no cast of the whole column: a batch is often a slice of a larger decoded one).
+    fn documents_of<O: OffsetSizeTrait>(
+        &self,
+        list: &GenericListArray<O>,
+    ) -> Result<Vec<Arc<[i64]>>> {
+        let values = list.values();
         let bad = |i: usize, what: &str| {
             Error::Config(format!(
                 "Pack column {:?}: a row has {what} (row {i} of a batch); documents must be \
@@ -405,23 +417,56 @@ impl Packer {
                 self.cfg.column
             ))
         };
-        let (bos, eos) = (self.cfg.bos_id, self.cfg.eos_id);
-        let mut out = Vec::with_capacity(b.num_rows());
-        for i in 0..b.num_rows() {
+        let offsets = list.value_offsets();
+        let mut out = Vec::with_capacity(list.len());
+        for i in 0..list.len() {
             if list.is_null(i) {
                 return Err(bad(i, "a null list"));
             }
-            let (a, z) = (offsets[i] as usize, offsets[i + 1] as usize);
+            let (a, z) = (offsets[i].as_usize(), offsets[i + 1].as_usize());
             if values.null_count() > 0 && (a..z).any(|j| values.is_null(j)) {
                 return Err(bad(i, "a null (or out-of-range) token"));
             }
-            let mut t = Vec::with_capacity(z - a + 2);
-            t.extend(bos);
-            t.extend_from_slice(&values.values()[a..z]);
-            t.extend(eos);
-            out.push(Arc::from(t));
+            let doc = match values.data_type() {
+                DataType::Int8 => self.widen(&values.as_primitive::<Int8Type>().values()[a..z]),
+                DataType::Int16 => self.widen(&values.as_primitive::<Int16Type>().values()[a..z]),
+                DataType::Int32 => self.widen(&values.as_primitive::<Int32Type>().values()[a..z]),
+                DataType::Int64 => self.widen(&values.as_primitive::<Int64Type>().values()[a..z]),
+                DataType::UInt8 => self.widen(&values.as_primitive::<UInt8Type>().values()[a..z]),
+                DataType::UInt16 => {
+                    self.widen(&values.as_primitive::<UInt16Type>().values()[a..z])
+                }
+                DataType::UInt32 => {
+                    self.widen(&values.as_primitive::<UInt32Type>().values()[a..z])
+                }
+                DataType::UInt64 => {
+                    let v = &values.as_primitive::<UInt64Type>().values()[a..z];
+                    if v.iter().any(|&t| t > i64::MAX as u64) {
+                        return Err(bad(i, "a null (or out-of-range) token"));
+                    }
+                    self.widen(v)
+                }
+                t => {
+                    return Err(Error::Config(format!(
+                        "Pack column {:?} must be a list of integers, got a list of {t}",
+                        self.cfg.column
+                    )))
+                }
+            };
+            out.push(doc);
         }
         Ok(out)
+    }
+
+    /// One document's tokens as int64 with BOS/EOS, in one allocation (values already checked
+    /// to fit).
+    fn widen<T: Copy + TryInto<i64>>(&self, v: &[T]) -> Arc<[i64]> {
+        // An exact-size iterator: `Arc<[i64]>` allocates once and fills it in place.
+        let (bos, eos) = (self.cfg.bos_id, self.cfg.eos_id);
+        bos.into_iter()
+            .chain(v.iter().map(|&t| t.try_into().unwrap_or(0)))
+            .chain(eos)
+            .collect()
     }
 
     /// Take a batch of the stream's rows (global ids `ids`) into the queue.
