@@ -26,6 +26,7 @@ use arrow_array::{
     Array, FixedSizeListArray, GenericListArray, Int16Array, Int32Array, Int64Array,
     OffsetSizeTrait, RecordBatch,
 };
+use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
@@ -142,13 +143,16 @@ impl PackSettings {
     }
 }
 
+/// A document's tokens (cheap to clone: shared).
+type Tokens = ScalarBuffer<i64>;
+
 /// A pending document with its tokens (BOS/EOS included): `toks[start..end]` is still to pack.
 #[derive(Debug, Clone)]
 struct Doc {
     /// The source (index in a mixture's name order; 0 for a single stream).
     source: u16,
     row: u64,
-    toks: Arc<[i64]>,
+    toks: Tokens,
     start: usize,
     end: usize,
 }
@@ -388,7 +392,7 @@ impl Packer {
     }
 
     /// The token sequences (BOS/EOS added) of a batch's rows.
-    fn documents(&self, b: &RecordBatch) -> Result<Vec<Arc<[i64]>>> {
+    fn documents(&self, b: &RecordBatch) -> Result<Vec<Tokens>> {
         let col = match b.schema().index_of(&self.cfg.column) {
             Ok(i) => b.column(i),
             Err(_) => b.column(self.column),
@@ -408,7 +412,7 @@ impl Packer {
     fn documents_of<O: OffsetSizeTrait>(
         &self,
         list: &GenericListArray<O>,
-    ) -> Result<Vec<Arc<[i64]>>> {
+    ) -> Result<Vec<Tokens>> {
         let values = list.values();
         let bad = |i: usize, what: &str| {
             Error::Config(format!(
@@ -460,13 +464,14 @@ impl Packer {
 
     /// One document's tokens as int64 with BOS/EOS, in one allocation (values already checked
     /// to fit).
-    fn widen<T: Copy + TryInto<i64>>(&self, v: &[T]) -> Arc<[i64]> {
-        // An exact-size iterator: `Arc<[i64]>` allocates once and fills it in place.
+    fn widen<T: Copy + TryInto<i64>>(&self, v: &[T]) -> Tokens {
         let (bos, eos) = (self.cfg.bos_id, self.cfg.eos_id);
-        bos.into_iter()
-            .chain(v.iter().map(|&t| t.try_into().unwrap_or(0)))
-            .chain(eos)
-            .collect()
+        let mut t = Vec::with_capacity(v.len() + 2);
+        t.extend(bos);
+        t.extend(v.iter().map(|&x| x.try_into().unwrap_or(0)));
+        t.extend(eos);
+        // A Vec's buffer becomes the ScalarBuffer as is (no copy, unlike `Arc<[i64]>::from`).
+        ScalarBuffer::from(t)
     }
 
     /// Take a batch of the stream's rows (global ids `ids`) into the queue.
@@ -518,7 +523,7 @@ impl Packer {
         Ok(())
     }
 
-    fn take_doc(&mut self, source: u16, row: u64, toks: Arc<[i64]>) {
+    fn take_doc(&mut self, source: u16, row: u64, toks: Tokens) {
         let seq_len = self.cfg.seq_len as usize;
         let mut end = toks.len();
         if end == 0 {
