@@ -409,10 +409,7 @@ impl Packer {
 
     /// `documents` of a list column: each row's tokens widened straight into its own buffer
     /// (no cast of the whole column: a batch is often a slice of a larger decoded one).
-    fn documents_of<O: OffsetSizeTrait>(
-        &self,
-        list: &GenericListArray<O>,
-    ) -> Result<Vec<Tokens>> {
+    fn documents_of<O: OffsetSizeTrait>(&self, list: &GenericListArray<O>) -> Result<Vec<Tokens>> {
         let values = list.values();
         let bad = |i: usize, what: &str| {
             Error::Config(format!(
@@ -437,12 +434,8 @@ impl Packer {
                 DataType::Int32 => self.widen(&values.as_primitive::<Int32Type>().values()[a..z]),
                 DataType::Int64 => self.widen(&values.as_primitive::<Int64Type>().values()[a..z]),
                 DataType::UInt8 => self.widen(&values.as_primitive::<UInt8Type>().values()[a..z]),
-                DataType::UInt16 => {
-                    self.widen(&values.as_primitive::<UInt16Type>().values()[a..z])
-                }
-                DataType::UInt32 => {
-                    self.widen(&values.as_primitive::<UInt32Type>().values()[a..z])
-                }
+                DataType::UInt16 => self.widen(&values.as_primitive::<UInt16Type>().values()[a..z]),
+                DataType::UInt32 => self.widen(&values.as_primitive::<UInt32Type>().values()[a..z]),
                 DataType::UInt64 => {
                     let v = &values.as_primitive::<UInt64Type>().values()[a..z];
                     if v.iter().any(|&t| t > i64::MAX as u64) {
