@@ -277,3 +277,32 @@ def test_set_epoch_after_load_of_another_epoch_warns_and_starts_over(small):
     assert keys_of(ds2, False) == keys_of(ref, False)
     with pytest.raises(ValueError, match="below 2\\*\\*63"):
         ds2.set_epoch(2**64 - 1)
+
+
+def test_two_phase_elastic_load_gives_the_stream_of_every_state(small):
+    """4 ranks -> 3: summaries (states without their buffer) say which old states each new
+    rank needs; loading only those gives exactly the stream loading all of them gives."""
+    base = dict(output="python", shuffle_buffer=7, seed=1, batch_size=5, epochs=2, even=None)
+    states = []
+    for r in range(4):
+        ds = make_ds(small.root, dict(base, rank=r, world_size=4))
+        take(iter(ds), 3 + 2 * r)
+        states.append(torch_roundtrip(ds.state_dict()))
+    summaries = [
+        dict(s, position={k: v for k, v in s["position"].items() if k != "buffer"}) for s in states
+    ]
+    sizes = []
+    for r in range(3):
+        want = resume_rest(small.root, dict(base, rank=r, world_size=3), states)
+        ds = make_ds(small.root, dict(base, rank=r, world_size=3))
+        need = ds.needed_slots(summaries)
+        sizes.append(len(need))
+        ds.load_state_dict([states[i] for i in need], summaries=summaries)
+        got = keys_of(ds, True)
+        assert want and got == want
+        if need:  # without one of them the load refuses, naming it
+            ds = make_ds(small.root, dict(base, rank=r, world_size=3))
+            ds.load_state_dict([states[i] for i in need[1:]], summaries=summaries)
+            with pytest.raises(Exception, match=f"full state of old slot {need[0]} of 4"):
+                next(iter(ds))
+    assert min(sizes) < 4
