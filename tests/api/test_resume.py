@@ -17,6 +17,7 @@ from harness import (
     take,
     torch_roundtrip,
 )
+from shardstream.checkpoint import state_summaries
 
 BIG_BUF = 10**6  # bigger than any shard set here
 
@@ -288,9 +289,9 @@ def test_two_phase_elastic_load_gives_the_stream_of_every_state(small):
         ds = make_ds(small.root, dict(base, rank=r, world_size=4))
         take(iter(ds), 3 + 2 * r)
         states.append(torch_roundtrip(ds.state_dict()))
-    summaries = [
-        dict(s, position={k: v for k, v in s["position"].items() if k != "buffer"}) for s in states
-    ]
+    summaries = state_summaries(states)
+    assert [s["slot"]["index"] for s in summaries] == [0, 1, 2, 3]
+    assert all("buffer" not in s["position"] for s in summaries)
     sizes = []
     for r in range(3):
         want = resume_rest(small.root, dict(base, rank=r, world_size=3), states)
@@ -300,6 +301,10 @@ def test_two_phase_elastic_load_gives_the_stream_of_every_state(small):
         ds.load_state_dict([states[i] for i in need], summaries=summaries)
         got = keys_of(ds, True)
         assert want and got == want
+        # Extra states (e.g. a needed slot's whole rank file) change nothing.
+        ds = make_ds(small.root, dict(base, rank=r, world_size=3))
+        ds.load_state_dict([states[i] for i in sorted({*need, 3 - r})], summaries=summaries)
+        assert keys_of(ds, True) == want
         if need:  # without one of them the load refuses, naming it
             ds = make_ds(small.root, dict(base, rank=r, world_size=3))
             ds.load_state_dict([states[i] for i in need[1:]], summaries=summaries)
