@@ -97,7 +97,15 @@ class RawResume:
         states: list[Any],
         allow_changed_shards: bool = False,
         replay: RawResume | None = None,
+        summaries: list[Any] | None = None,
     ) -> RawResume: ...
+    @staticmethod
+    def needed_slots(
+        catalog: RawCatalog,
+        settings: RawSettings,
+        summaries: list[Any],
+        layouts: list[_Layout],
+    ) -> list[int]: ...
     @property
     def first_epoch(self) -> int: ...
     @property

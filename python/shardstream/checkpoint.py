@@ -50,6 +50,7 @@ __all__ = [
     "list_checkpoints",
     "load_latest_checkpoint",
     "save_checkpoint",
+    "state_summaries",
 ]
 
 _TMP_MARK = ".tmp-"
@@ -112,6 +113,22 @@ def _dumps(obj: Any) -> bytes:
 
 def _load(path: str) -> Any:
     return _pickle.load(path)[0]
+
+
+def state_summaries(state_dict: Any) -> list[dict[str, Any]]:
+    """The summary of every shardstream state in ``state_dict`` (anything
+    ``ParquetStream.load_state_dict`` takes), for a two-phase elastic resume: each state's
+    ``first_epoch``, ``slot`` and ``position`` without its shuffle buffer (~0.2 kB against
+    ~10.7 B per buffered row). Save them beside the states; a new rank reads every summary,
+    then only the states ``ParquetStream.needed_slots`` names.
+    """
+    from .state import gather
+
+    out = []
+    for st in gather(state_dict):
+        pos = {k: v for k, v in st["position"].items() if k != "buffer"}
+        out.append({"first_epoch": st["first_epoch"], "slot": st["slot"], "position": pos})
+    return out
 
 
 def checkpoint_path(directory: str | os.PathLike[str], step: int, prefix: str = "ckpt") -> str:

@@ -315,7 +315,13 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             return self._iter.state_dict()
         return self._start_point().state_dict(self.catalog, self._settings, self._layout())
 
-    def load_state_dict(self, state_dict: Any, *, allow_changed_shards: bool = False) -> None:
+    def load_state_dict(
+        self,
+        state_dict: Any,
+        *,
+        allow_changed_shards: bool = False,
+        summaries: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Continue after a saved position on the next ``iter(self)``.
 
         ``state_dict`` is one state from :meth:`state_dict` (same ranks and workers: the stream
@@ -334,11 +340,29 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         rows (its order is the new data's), the old shuffle buffer is dropped, later epochs are
         exact over the new data, and recorded skips are kept as history.
 
+        ``summaries`` (two-phase elastic resume, for many slots): every old slot's summary —
+        its state's ``first_epoch``, ``slot`` and ``position`` (``position["buffer"]`` may be
+        left out) — while ``state_dict`` holds the full states of only the slots
+        :meth:`needed_slots` names. The stream is the one loading every full state gives. Such
+        a load stays in this process: it is not handed to spawned DataLoader workers (load it
+        in each worker, or load every state).
+
         Raises:
             ShardsChangedError: the shards changed since the state was saved (names them).
             StateError: the state is malformed, of another version, or saved over other data
                 or with other settings (the message says what differs).
         """
+        if summaries is not None:
+            self._resume = RawResume.load(
+                self.catalog,
+                self._settings,
+                _state.gather(state_dict),
+                False,
+                self._start_point(),
+                summaries=list(summaries),
+            )
+            self._loaded = True
+            return
         found = _state.gather(state_dict)
         if not found:
             raise StateError(
@@ -350,6 +374,26 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             self.catalog, self._settings, found, allow_changed_shards, self._start_point()
         )
         self._loaded = True  # until an iterator starts from it, or set_epoch() moves on
+
+    def needed_slots(
+        self, summaries: list[dict[str, Any]], num_workers: int | None = None
+    ) -> list[int]:
+        """Two-phase elastic resume, phase 1: which old slots' full states this rank needs.
+
+        ``summaries`` holds every old slot's summary: its state's ``first_epoch``, ``slot``
+        and ``position`` without ``position["buffer"]`` (a few hundred bytes, against the
+        buffer's ~10.7 bytes per row). Returns the sorted old slot indexes whose full states
+        the iterators of this rank (``num_workers`` DataLoader workers; default: this
+        process's) read rows from; pass those states with the summaries to
+        :meth:`load_state_dict`. Typically ``old slots / new slots + 1`` per new slot.
+        """
+        rank, world, worker, workers = self._layout()
+        if num_workers is None:
+            layouts = [(rank, world, worker, workers)]
+        else:
+            _check_count(num_workers, "num_workers")
+            layouts = [(rank, world, w, max(num_workers, 1)) for w in range(max(num_workers, 1))]
+        return RawResume.needed_slots(self.catalog, self._settings, list(summaries), layouts)
 
     # -- skips --------------------------------------------------------------------------------
     def skip(self, n: int) -> None:

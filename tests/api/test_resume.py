@@ -17,6 +17,7 @@ from harness import (
     take,
     torch_roundtrip,
 )
+from shardstream.checkpoint import state_summaries
 
 BIG_BUF = 10**6  # bigger than any shard set here
 
@@ -277,3 +278,36 @@ def test_set_epoch_after_load_of_another_epoch_warns_and_starts_over(small):
     assert keys_of(ds2, False) == keys_of(ref, False)
     with pytest.raises(ValueError, match="below 2\\*\\*63"):
         ds2.set_epoch(2**64 - 1)
+
+
+def test_two_phase_elastic_load_gives_the_stream_of_every_state(small):
+    """4 ranks -> 3: summaries (states without their buffer) say which old states each new
+    rank needs; loading only those gives exactly the stream loading all of them gives."""
+    base = dict(output="python", shuffle_buffer=7, seed=1, batch_size=5, epochs=2, even=None)
+    states = []
+    for r in range(4):
+        ds = make_ds(small.root, dict(base, rank=r, world_size=4))
+        take(iter(ds), 3 + 2 * r)
+        states.append(torch_roundtrip(ds.state_dict()))
+    summaries = state_summaries(states)
+    assert [s["slot"]["index"] for s in summaries] == [0, 1, 2, 3]
+    assert all("buffer" not in s["position"] for s in summaries)
+    sizes = []
+    for r in range(3):
+        want = resume_rest(small.root, dict(base, rank=r, world_size=3), states)
+        ds = make_ds(small.root, dict(base, rank=r, world_size=3))
+        need = ds.needed_slots(summaries)
+        sizes.append(len(need))
+        ds.load_state_dict([states[i] for i in need], summaries=summaries)
+        got = keys_of(ds, True)
+        assert want and got == want
+        # Extra states (e.g. a needed slot's whole rank file) change nothing.
+        ds = make_ds(small.root, dict(base, rank=r, world_size=3))
+        ds.load_state_dict([states[i] for i in sorted({*need, 3 - r})], summaries=summaries)
+        assert keys_of(ds, True) == want
+        if need:  # without one of them the load refuses, naming it
+            ds = make_ds(small.root, dict(base, rank=r, world_size=3))
+            ds.load_state_dict([states[i] for i in need[1:]], summaries=summaries)
+            with pytest.raises(Exception, match=f"full state of old slot {need[0]} of 4"):
+                next(iter(ds))
+    assert min(sizes) < 4

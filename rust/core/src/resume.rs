@@ -18,12 +18,15 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::catalog::Catalog;
-use crate::elastic::{check_states, merged_state, Checked};
+use crate::elastic::{
+    check_states, merged_from_summaries, merged_state, needed_slots, Checked, Summary,
+};
 use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Even, Slot};
 use crate::settings::{Layout, Settings, StreamOptions, Tuning};
 use crate::state::envelope::{
-    parse_stream, FingerprintRecord, SettingsRecord, SkipRecord, StreamState,
+    parse_stream, FingerprintRecord, SettingsRecord, SkipRecord, SlotRecord, SpecRecord,
+    StreamState,
 };
 use crate::state::SlotState;
 use crate::stream::{seek_of, Stream};
@@ -90,6 +93,9 @@ pub struct Resume {
     even: Even,
     /// States given that had not started (no slot) and did not fill a missing slot.
     unstarted: usize,
+    /// Two-phase elastic resume: every old slot's summary; `loaded` then holds the full
+    /// states of only some slots (empty: `loaded` holds them all).
+    summaries: Vec<Summary>,
     pub skips: SkipLog,
     pub replay: SkipLog,
 }
@@ -102,6 +108,7 @@ impl Resume {
             loaded: Vec::new(),
             even: Even::Off,
             unstarted: 0,
+            summaries: Vec::new(),
             skips: SkipLog::default(),
             replay: SkipLog::default(),
         }
@@ -125,6 +132,7 @@ impl Resume {
             }],
             even,
             unstarted: 0,
+            summaries: Vec::new(),
             skips,
             replay,
         }
@@ -136,13 +144,17 @@ impl Resume {
 
     /// The epochs the loaded positions are in (empty: none loaded).
     pub fn epochs(&self) -> Vec<u64> {
-        let set: BTreeSet<u64> = self.loaded.iter().map(|c| c.state.epoch).collect();
+        let set: BTreeSet<u64> = if self.summaries.is_empty() {
+            self.loaded.iter().map(|c| c.state.epoch).collect()
+        } else {
+            self.summaries.iter().map(|s| s.epoch).collect()
+        };
         set.into_iter().collect()
     }
 
     /// True when no position was loaded (nothing read yet).
     pub fn at_start(&self) -> bool {
-        self.loaded.is_empty()
+        self.loaded.is_empty() && self.summaries.is_empty()
     }
 
     /// The start of the same pass again (a new `iter()` after the pass ended), or of another
@@ -150,6 +162,7 @@ impl Resume {
     pub fn restart(&self, first_epoch: u64) -> Resume {
         Resume {
             loaded: Vec::new(),
+            summaries: Vec::new(),
             first_epoch,
             ..self.clone()
         }
@@ -281,6 +294,7 @@ impl Resume {
             loaded,
             even,
             unstarted: unstarted_left,
+            summaries: Vec::new(),
             skips,
             replay: SkipLog::default(),
         })
@@ -294,7 +308,7 @@ impl Resume {
         settings: &Settings,
         layout: Layout,
     ) -> Result<Option<SlotState>> {
-        if self.loaded.is_empty() {
+        if self.at_start() {
             return Ok(None);
         }
         if self.even == layout.even {
@@ -309,7 +323,12 @@ impl Resume {
             layout.even,
             0,
         );
-        merged_state(catalog, &opts, &self.loaded, self.even, layout.slot)
+        let merged = if self.summaries.is_empty() {
+            merged_state(catalog, &opts, &self.loaded, self.even, layout.slot)
+        } else {
+            self.merged_from_summaries(catalog, &opts, settings, layout.slot)
+        };
+        merged
             .map(|mut st| {
                 if settings.pack.is_some() {
                     st.pack = Some(self.pending_share(layout.slot));
@@ -333,6 +352,112 @@ impl Resume {
             })
     }
 
+    /// The two-phase merge: every old slot's summary, the loaded full states of some.
+    fn merged_from_summaries(
+        &self,
+        catalog: &Arc<Catalog>,
+        opts: &StreamOptions,
+        settings: &Settings,
+        new: Slot,
+    ) -> Result<SlotState> {
+        if settings.pack.is_some() {
+            // Pending documents are carried by slot index: each must be here, or lost.
+            let count = self.summaries[0].slot.count;
+            if let Some(i) = (0..count)
+                .filter(|i| i % new.count == new.index)
+                .find(|i| !self.loaded.iter().any(|c| c.slot.index == *i))
+            {
+                return Err(Error::State(format!(
+                    "slot {} of {} needs the full state of old slot {i} of {count} (it continues \
+                     that slot's pending documents), which was not given",
+                    new.index, new.count
+                )));
+            }
+        }
+        let states = self
+            .loaded
+            .iter()
+            .map(|c| (c.slot.index, c.state.clone()))
+            .collect();
+        let total = catalog.total_rows();
+        merged_from_summaries(opts, total, &self.summaries, &states, self.even, new)
+    }
+
+    /// Two-phase elastic resume, phase 2: the full states of some old slots (`states`, e.g.
+    /// those [`Resume::needed_slots`] names) and every old slot's summary (`summaries`: each
+    /// the `slot` and `position` of its state; `buffer` and anything else may be absent).
+    /// Full states are checked as [`Resume::load`] checks them, summaries by their counts, and
+    /// each full state must agree with its slot's summary.
+    pub fn load_partial(
+        catalog: &Arc<Catalog>,
+        settings: &Settings,
+        states: Vec<Value>,
+        summaries: Vec<Value>,
+    ) -> Result<Resume> {
+        let mut r = Resume::load(catalog, settings, states, false)?;
+        let (sums, even, first_epoch) = parse_summaries(catalog, summaries)?;
+        if !r.loaded.is_empty() && first_epoch != r.first_epoch {
+            return Err(Error::State(format!(
+                "the summaries come from a pass starting at epoch {first_epoch}, the states from \
+                 one at {}: pass one checkpoint's",
+                r.first_epoch
+            )));
+        }
+        if !r.loaded.is_empty() && even != r.even {
+            return Err(Error::State(format!(
+                "the summaries are of a layout with even={:?}, the states of even={:?}: pass \
+                 one checkpoint's",
+                even.name(),
+                r.even.name()
+            )));
+        }
+        for c in &r.loaded {
+            let Some(s) = sums.iter().find(|s| s.slot.index == c.slot.index) else {
+                return Err(Error::State(format!(
+                    "no summary for slot {} of {}, whose state was given",
+                    c.slot.index, c.slot.count
+                )));
+            };
+            if *s != Summary::of(c) {
+                return Err(Error::State(format!(
+                    "the summary of slot {} of {} does not match its state: pass the summaries \
+                     and states of one checkpoint",
+                    c.slot.index, c.slot.count
+                )));
+            }
+        }
+        r.even = even;
+        r.first_epoch = first_epoch;
+        r.summaries = sums;
+        Ok(r)
+    }
+
+    /// Two-phase elastic resume, phase 1: from every old slot's summary (see
+    /// [`Resume::load_partial`]), the old slots whose full states the streams of `layouts`
+    /// need (sorted). Same layout: each its own slot.
+    pub fn needed_slots(
+        catalog: &Arc<Catalog>,
+        settings: &Settings,
+        summaries: Vec<Value>,
+        layouts: &[Layout],
+    ) -> Result<Vec<u32>> {
+        let (sums, even, first_epoch) = parse_summaries(catalog, summaries)?;
+        let mut need = BTreeSet::new();
+        for layout in layouts {
+            let opts =
+                StreamOptions::new(settings, &Tuning::default(), first_epoch, layout.even, 0);
+            need.extend(needed_slots(
+                &opts,
+                catalog.total_rows(),
+                &sums,
+                even,
+                layout.slot,
+                settings.pack.is_some(),
+            )?);
+        }
+        Ok(need.into_iter().collect())
+    }
+
     /// With packing, another layout: old slot `i`'s pending documents go to new slot
     /// `i % count`, queues concatenated in old-slot order, so each is packed exactly once.
     fn pending_share(&self, new: Slot) -> Vec<crate::pack::DocRef> {
@@ -351,7 +476,7 @@ impl Resume {
         settings: &Settings,
         layout: Layout,
     ) -> Result<StreamState> {
-        if self.loaded.is_empty() {
+        if self.at_start() {
             return Ok(StreamState::new(
                 catalog,
                 settings,
@@ -389,7 +514,7 @@ impl Resume {
         layout: Layout,
         n: u64,
     ) -> Result<Resume> {
-        if self.loaded.len() > 1 {
+        if self.loaded.len() > 1 || !self.summaries.is_empty() {
             return Err(Error::State(
                 "skip() before iterating needs a single loaded state; to skip in every slot of \
                  a multi-slot checkpoint, rewrite it with skip_state()"
@@ -409,6 +534,13 @@ impl Resume {
 
     /// Every loaded position as a state (for pickling into spawned DataLoader workers).
     pub fn states(&self, catalog: &Arc<Catalog>, settings: &Settings) -> Result<Vec<StreamState>> {
+        if !self.summaries.is_empty() {
+            return Err(Error::State(
+                "a resume loaded in two phases (summaries and some slots' states) cannot be \
+                 passed on as states: load it where the stream runs (in each DataLoader worker)"
+                    .into(),
+            ));
+        }
         if self.loaded.is_empty() {
             let any = Layout::new(0, 1, 0, 1, Even::Off)?;
             return Ok(vec![self.state(catalog, settings, any)?]);
@@ -424,6 +556,98 @@ impl Resume {
             })
             .collect()
     }
+}
+
+/// Every old slot's summary (its state's `slot` and `position`, `buffer` optional) and the
+/// layout's `even` policy.
+fn parse_summaries(
+    catalog: &Arc<Catalog>,
+    values: Vec<Value>,
+) -> Result<(Vec<Summary>, Even, u64)> {
+    let total = catalog.total_rows();
+    let mut out = Vec::with_capacity(values.len());
+    let mut evens = BTreeSet::new();
+    let mut firsts = BTreeSet::new();
+    for (i, v) in values.into_iter().enumerate() {
+        let what = format!("summaries[{i}]");
+        let field = |k: &str| -> Result<Value> {
+            v.get(k).cloned().ok_or_else(|| {
+                Error::State(format!(
+                    "{what} has no '{k}' (expected a state's 'first_epoch', 'slot' and 'position')"
+                ))
+            })
+        };
+        firsts.insert(
+            field("first_epoch")?.as_u64().ok_or_else(|| {
+                Error::State(format!("{what}['first_epoch'] must be an int >= 0"))
+            })?,
+        );
+        let slot: SlotRecord = serde_json::from_value(field("slot")?)
+            .map_err(|e| Error::State(format!("{what}['slot']: {e}")))?;
+        let even = Even::parse_state(&slot.even, &format!("{what}['slot']['even']"))?;
+        evens.insert(even.name());
+        let pos = field("position")?;
+        let num = |k: &str| -> Result<u64> {
+            pos.get(k).and_then(Value::as_u64).ok_or_else(|| {
+                Error::State(format!("{what}['position']['{k}'] must be an int >= 0"))
+            })
+        };
+        let mut specs = Vec::new();
+        for (j, sp) in pos
+            .get("specs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| Error::State(format!("{what}['position']['specs'] must be a list")))?
+            .iter()
+            .enumerate()
+        {
+            let rec: SpecRecord = serde_json::from_value(sp.clone())
+                .map_err(|e| Error::State(format!("{what}['position']['specs'][{j}]: {e}")))?;
+            let ranges = rec.ranges.iter().map(|[a, b]| *a..*b).collect();
+            let injected = base64_ids_len(&rec.injected).ok_or_else(|| {
+                Error::State(format!(
+                    "{what}['position']['specs'][{j}]['injected'] is not base64 of 8-byte row ids"
+                ))
+            })?;
+            specs.push((rec.epoch, ranges, injected));
+        }
+        let slot_ = Slot::new(slot.index, slot.count)?;
+        out.push(Summary::from_counts(
+            slot_,
+            num("epoch")?,
+            num("cursor")?,
+            num("emitted")?,
+            specs,
+            total,
+            even,
+        )?);
+    }
+    if evens.len() > 1 {
+        return Err(Error::State(format!(
+            "the summaries mix even policies {:?}: pass one checkpoint's",
+            evens.iter().collect::<Vec<_>>()
+        )));
+    }
+    if firsts.len() > 1 {
+        return Err(Error::State(format!(
+            "the summaries come from different passes (first epochs {:?})",
+            firsts.iter().collect::<Vec<_>>()
+        )));
+    }
+    let even = match evens.iter().next() {
+        Some(e) => Even::parse_state(e, "slot")?,
+        None => return Err(Error::State("no summaries given".into())),
+    };
+    Ok((out, even, firsts.into_iter().next().unwrap_or(0)))
+}
+
+/// How many 8-byte ids padded base64 `text` holds, without decoding it.
+fn base64_ids_len(text: &str) -> Option<u64> {
+    if text.len() % 4 != 0 {
+        return None;
+    }
+    let pad = text.bytes().rev().take_while(|b| *b == b'=').count();
+    let bytes = (text.len() / 4 * 3).checked_sub(pad)?;
+    (bytes % 8 == 0).then_some(bytes as u64 / 8)
 }
 
 /// A position over changed shards: same epoch, same rows emitted in it, on the new data.
@@ -578,6 +802,95 @@ mod tests {
                 prop_assert_eq!(r.checkpoint(None).unwrap().slot, saved.slot);
             }
         }
+    }
+
+    /// Two phases through the envelope: summaries (states without `buffer`), then the full
+    /// states of only the slots `needed_slots` names, resume every slot of the new layout
+    /// with the same stream as loading every state; mismatched inputs are refused.
+    #[test]
+    fn two_phase_load_resumes_like_loading_every_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[37, 29, 18], 6);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        let st = Settings {
+            even: Even::Off,
+            ..settings(5, Some(3), false)
+        };
+        let mut saved = Vec::new();
+        for r in 0..4u64 {
+            let layout = Layout::new(r, 4, 0, 1, st.even).unwrap();
+            let mut s = Stream::resume(
+                cat.clone(),
+                &st,
+                &Tuning::default(),
+                layout,
+                0,
+                &Resume::start(0),
+            )
+            .unwrap();
+            for _ in 0..(r + 1) * 2 {
+                s.next_item().unwrap();
+            }
+            saved.push(s.checkpoint(None).unwrap().to_value());
+        }
+        let summaries: Vec<Value> = saved
+            .iter()
+            .map(|v| {
+                let mut v = v.clone();
+                v["position"].as_object_mut().unwrap().remove("buffer");
+                v
+            })
+            .collect();
+        let all = Resume::load(&cat, &st, saved.clone(), false).unwrap();
+        let mut fewer = 0;
+        for new in 0..3u64 {
+            let layout = Layout::new(new, 3, 0, 1, st.even).unwrap();
+            let need = Resume::needed_slots(&cat, &st, summaries.clone(), &[layout]).unwrap();
+            fewer += 4 - need.len();
+            let some: Vec<Value> = need.iter().map(|i| saved[*i as usize].clone()).collect();
+            let part = Resume::load_partial(&cat, &st, some, summaries.clone()).unwrap();
+            let want = drain(&mut all.stream(&cat, &st, layout).unwrap());
+            let got = drain(&mut part.stream(&cat, &st, layout).unwrap());
+            assert!(!want.is_empty());
+            assert_eq!(got, want);
+            if let Some(i) = need.first() {
+                let less: Vec<Value> = need[1..]
+                    .iter()
+                    .map(|i| saved[*i as usize].clone())
+                    .collect();
+                let p = Resume::load_partial(&cat, &st, less, summaries.clone()).unwrap();
+                let err = p.stream(&cat, &st, layout).err().unwrap().to_string();
+                assert!(
+                    err.contains(&format!("needs the full state of old slot {i} of 4")),
+                    "{err}"
+                );
+            }
+        }
+        assert!(
+            fewer > 0,
+            "some new slot should need fewer than every old state"
+        );
+        // A summary from another point of the run than its state is refused.
+        let mut off = summaries.clone();
+        off[0]["position"]["emitted"] = serde_json::json!(1);
+        off[0]["position"]["cursor"] = serde_json::json!(6);
+        let err = Resume::load_partial(&cat, &st, vec![saved[0].clone()], off)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not match its state"), "{err}");
+        let mut bad = summaries.clone();
+        bad[1]["position"]["emitted"] = serde_json::json!(10_000);
+        let err = Resume::load_partial(&cat, &st, vec![], bad)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid summary of slot 1 of 4"), "{err}");
+        let err = Resume::load_partial(&cat, &st, vec![], summaries[..3].to_vec())
+            .unwrap()
+            .stream(&cat, &st, Layout::new(0, 3, 0, 1, st.even).unwrap())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("missing slots [3]"), "{err}");
     }
 
     #[test]

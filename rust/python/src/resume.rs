@@ -53,7 +53,9 @@ impl RawResume {
     /// Check the states found in a checkpoint against this dataset, once, completely.
     #[staticmethod]
     /// `replay`: a resume point whose replay plan carries over.
-    #[pyo3(signature = (catalog, settings, states, allow_changed_shards=false, replay=None))]
+    /// `summaries`: every old slot's summary (two-phase elastic resume; `states` then holds
+    /// the full states of some slots, see `needed_slots`).
+    #[pyo3(signature = (catalog, settings, states, allow_changed_shards=false, replay=None, summaries=None))]
     fn load(
         py: Python<'_>,
         catalog: &RawCatalog,
@@ -61,15 +63,49 @@ impl RawResume {
         states: &Bound<'_, PyList>,
         allow_changed_shards: bool,
         replay: Option<&RawResume>,
+        summaries: Option<&Bound<'_, PyList>>,
     ) -> PyResult<Self> {
         let values = list_to_values(states)?;
         let cat = catalog.inner.clone();
         let s = &settings.settings;
-        let mut inner = detach(py, || Resume::load(&cat, s, values, allow_changed_shards))?;
+        let mut inner = match summaries {
+            None => detach(py, || Resume::load(&cat, s, values, allow_changed_shards))?,
+            Some(sums) => {
+                if allow_changed_shards {
+                    return Err(pyo3::exceptions::PyValueError::new_err(
+                        "allow_changed_shards=True cannot be combined with summaries (a \
+                         two-phase elastic resume): load every state instead",
+                    ));
+                }
+                let sums = list_to_values(sums)?;
+                detach(py, || Resume::load_partial(&cat, s, values, sums))?
+            }
+        };
         if let Some(r) = replay {
             inner = inner.with_replay(r.inner.replay.records());
         }
         Ok(RawResume { inner })
+    }
+
+    /// Two-phase elastic resume, phase 1: the old slots whose full states the iterators of
+    /// `layouts` ((rank, world_size, worker, num_workers) each) need, from every old slot's
+    /// summary (its state's `first_epoch`, `slot` and `position`; `buffer` may be absent).
+    #[staticmethod]
+    fn needed_slots(
+        py: Python<'_>,
+        catalog: &RawCatalog,
+        settings: &RawSettings,
+        summaries: &Bound<'_, PyList>,
+        layouts: Vec<(u64, u64, u64, u64)>,
+    ) -> PyResult<Vec<u32>> {
+        let layouts = layouts
+            .into_iter()
+            .map(|l| crate::stream::layout(py, settings, l))
+            .collect::<PyResult<Vec<_>>>()?;
+        let sums = list_to_values(summaries)?;
+        let cat = catalog.inner.clone();
+        let s = &settings.settings;
+        detach(py, || Resume::needed_slots(&cat, s, sums, &layouts))
     }
 
     #[getter]
