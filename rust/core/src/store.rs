@@ -573,7 +573,8 @@ impl Store {
     }
 
     /// Every object `url` names: the object itself, every shard below it (a prefix or
-    /// "directory": `*.parquet`, `*.arrow` and the other [`SHARD_EXTENSIONS`]), or, when the URL's path has glob characters, every object matching it.
+    /// "directory": `*.parquet`, `*.arrow` and the other [`SHARD_EXTENSIONS`]), or, when the
+    /// URL's path has glob characters, every object matching it.
     /// Sorted by key; an empty result is an error naming the URL. Objects named `also` that a
     /// listing came across are reported beside them (the catalog's sidecar, found for free).
     pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str, also: &str) -> Result<Resolved> {
@@ -595,6 +596,28 @@ impl Store {
                 async move {
                     let p = (!prefix.as_ref().is_empty()).then_some(prefix);
                     store.list_retrying(&client, p.as_ref(), &raw).await
+                }
+            };
+            // One HEAD of `key`, retried; a missing object is `None` where `missing_ok`.
+            let head = |missing_ok: bool| {
+                let (client, store, key) = (client.clone(), store.clone(), key.clone());
+                let raw = raw_owned.clone();
+                stats.requests.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    store
+                        .retrying(&raw, || {
+                            let (client, key) = (client.clone(), key.clone());
+                            async move {
+                                match client.head(&key).await {
+                                    Ok(m) => Ok(Some(m)),
+                                    Err(object_store::Error::NotFound { .. }) if missing_ok => {
+                                        Ok(None)
+                                    }
+                                    Err(e) => Err(e),
+                                }
+                            }
+                        })
+                        .await
                 }
             };
             // Plain HTTP has no listing (object_store would try WebDAV): a URL is one object.
@@ -621,21 +644,8 @@ impl Store {
                 return Ok((matched, Some(prefix), extra));
             }
             if http || is_shard_key(&key_str) {
-                stats.requests.fetch_add(1, Ordering::Relaxed);
-                let head = store
-                    .retrying(&raw_owned, || {
-                        let (client, key) = (client.clone(), key.clone());
-                        async move {
-                            match client.head(&key).await {
-                                Ok(m) => Ok(Some(m)),
-                                // not an object: maybe a prefix (listed below)
-                                Err(object_store::Error::NotFound { .. }) if !http => Ok(None),
-                                Err(e) => Err(e),
-                            }
-                        }
-                    })
-                    .await?;
-                if let Some(m) = head {
+                // not an object: maybe a prefix (listed below); plain HTTP has no prefixes
+                if let Some(m) = head(!http).await? {
                     return Ok((vec![m], None, Vec::new()));
                 }
             }
@@ -647,20 +657,7 @@ impl Store {
                 .collect();
             if matched.is_empty() && !key_str.is_empty() {
                 // Nothing below it: maybe one object with another name (told by its magic).
-                stats.requests.fetch_add(1, Ordering::Relaxed);
-                let head = store
-                    .retrying(&raw_owned, || {
-                        let (client, key) = (client.clone(), key.clone());
-                        async move {
-                            match client.head(&key).await {
-                                Ok(m) => Ok(Some(m)),
-                                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                                Err(e) => Err(e),
-                            }
-                        }
-                    })
-                    .await?;
-                if let Some(m) = head {
+                if let Some(m) = head(true).await? {
                     return Ok((vec![m], None, Vec::new()));
                 }
             }
