@@ -122,15 +122,32 @@ def state_summaries(state_dict: Any) -> list[dict[str, Any]]:
     """The summary of every shardstream state in ``state_dict`` (anything
     ``ParquetStream.load_state_dict`` takes), for a two-phase elastic resume: each state's
     ``first_epoch``, ``slot`` and ``position`` without its shuffle buffer (~0.2 kB against
-    ~10.7 B per buffered row). Save them beside the states; a new rank reads every summary,
-    then only the states ``ParquetStream.needed_slots`` names.
+    ~10.7 B per buffered row), each spec's ``injected`` row ids (left by an earlier elastic
+    resume) replaced by their number ``injected_rows``. Save them beside the states; a new
+    rank reads every summary, then only the states ``ParquetStream.needed_slots`` names.
     """
     from .state import gather
 
     out = []
     for st in gather(state_dict):
         pos = {k: v for k, v in st["position"].items() if k != "buffer"}
+        if isinstance(pos.get("specs"), list):
+            pos["specs"] = [_spec_summary(sp) for sp in pos["specs"]]
         out.append({"first_epoch": st["first_epoch"], "slot": st["slot"], "position": pos})
+    return out
+
+
+def _spec_summary(spec: Any) -> Any:
+    """A spec with its ``injected`` row ids (as big as a buffer, after an elastic resume)
+    replaced by their number, ``injected_rows``: all a summary needs of them."""
+    if not (isinstance(spec, dict) and isinstance(spec.get("injected"), str)):
+        return spec  # not a spec: loading the summary says what is wrong
+    text = spec["injected"]
+    size = len(text) // 4 * 3 - (len(text) - len(text.rstrip("=")))
+    if len(text) % 4 or size % 8:
+        return spec  # not base64 of row ids: loading the summary says so
+    out = {k: v for k, v in spec.items() if k != "injected"}
+    out["injected_rows"] = size // 8
     return out
 
 
