@@ -39,6 +39,7 @@ import os
 import pickle
 import re
 import tempfile
+import warnings
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -47,7 +48,9 @@ from . import _pickle
 __all__ = [
     "atomic_write",
     "checkpoint_path",
+    "dcp_entries",
     "list_checkpoints",
+    "load_dcp_states",
     "load_latest_checkpoint",
     "save_checkpoint",
     "state_summaries",
@@ -119,16 +122,142 @@ def state_summaries(state_dict: Any) -> list[dict[str, Any]]:
     """The summary of every shardstream state in ``state_dict`` (anything
     ``ParquetStream.load_state_dict`` takes), for a two-phase elastic resume: each state's
     ``first_epoch``, ``slot`` and ``position`` without its shuffle buffer (~0.2 kB against
-    ~10.7 B per buffered row). Save them beside the states; a new rank reads every summary,
-    then only the states ``ParquetStream.needed_slots`` names.
+    ~10.7 B per buffered row), each spec's ``injected`` row ids (left by an earlier elastic
+    resume) replaced by their number ``injected_rows``. Save them beside the states; a new
+    rank reads every summary, then only the states ``ParquetStream.needed_slots`` names.
     """
     from .state import gather
 
     out = []
     for st in gather(state_dict):
         pos = {k: v for k, v in st["position"].items() if k != "buffer"}
+        if isinstance(pos.get("specs"), list):
+            pos["specs"] = [_spec_summary(sp) for sp in pos["specs"]]
         out.append({"first_epoch": st["first_epoch"], "slot": st["slot"], "position": pos})
     return out
+
+
+def _spec_summary(spec: Any) -> Any:
+    """A spec with its ``injected`` row ids (as big as a buffer, after an elastic resume)
+    replaced by their number, ``injected_rows``: all a summary needs of them."""
+    if not (isinstance(spec, dict) and isinstance(spec.get("injected"), str)):
+        return spec  # not a spec: loading the summary says what is wrong
+    text = spec["injected"]
+    size = len(text) // 4 * 3 - (len(text) - len(text.rstrip("=")))
+    if len(text) % 4 or size % 8:
+        return spec  # not base64 of row ids: loading the summary says so
+    out = {k: v for k, v in spec.items() if k != "injected"}
+    out["injected_rows"] = size // 8
+    return out
+
+
+def dcp_entries(state: Any, rank: int, *, prefix: str = "shardstream") -> dict[str, Any]:
+    """One rank's entries for ``torch.distributed.checkpoint.save`` (DCP), for a two-phase
+    elastic resume with :func:`load_dcp_states`: ``{"<prefix>/rank<rank>": (state,),
+    "<prefix>/summaries/rank<rank>": (state_summaries(state),)}``.
+
+    ``state`` is this rank's ``ParquetStream.state_dict()`` or ``StatefulDataLoader``
+    ``state_dict()``. Merge the entries into the dict each rank passes to ``dcp.save`` (beside
+    the model's); the keys name the rank, so DCP's de-duplication of equal keys across ranks
+    never mixes ranks. Each value is a 1-tuple so that DCP stores it whole under any save
+    planner (the default one flattens dicts and lists into one key per leaf, turning int keys
+    into strings and dropping empty dicts); :func:`load_dcp_states` unwraps it.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+    return {
+        f"{prefix}/rank{rank}": (state,),
+        f"{prefix}/summaries/rank{rank}": (state_summaries(state),),
+    }
+
+
+def load_dcp_states(
+    dataset: Any,
+    checkpoint_id: str | os.PathLike[str] | None = None,
+    *,
+    num_workers: int | None = None,
+    prefix: str = "shardstream",
+    storage_reader: Any = None,
+) -> list[int]:
+    """Two-phase elastic resume from a DCP checkpoint saved with :func:`dcp_entries`: load
+    every old rank's summaries, then only the states of the old ranks holding the slots
+    ``dataset.needed_slots(summaries, num_workers)`` names, into
+    ``dataset.load_state_dict(states, summaries=summaries)``. The stream is the one loading
+    every state gives; with the same layout each rank reads only its own state.
+
+    ``dataset`` is the new layout's ``ParquetStream``; ``num_workers``: the DataLoader workers
+    it will run in (their union is loaded; default: the stream of this process).
+    ``checkpoint_id`` or ``storage_reader`` are passed to ``dcp.load``. Reads are local to
+    this rank (``no_dist=True``): no collective call, so ranks need not call it together.
+    Returns the old ranks whose states were read, sorted.
+
+    Raises:
+        StateError: the checkpoint has no ``<prefix>/summaries/rank<N>`` entries, or an
+            entry is not what :func:`dcp_entries` saves (names the key).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    from .errors import StateError
+
+    def reader() -> Any:
+        if storage_reader is not None:
+            return storage_reader
+        return dcp.FileSystemReader(os.fspath(checkpoint_id))  # type: ignore[arg-type]
+
+    def read(keys: list[str]) -> list[Any]:
+        template: dict[str, Any] = dict.fromkeys(keys)  # DCP replaces each with what is stored
+        with warnings.catch_warnings():
+            # no_dist is deliberate (a per-rank read); DCP warns about it on every call
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(template, checkpoint_id=checkpoint_id, storage_reader=reader(), no_dist=True)
+        out = []
+        for k in keys:
+            v = template[k]
+            if not (isinstance(v, tuple) and len(v) == 1):
+                raise StateError(
+                    f"DCP entry {k!r} is a {type(v).__name__}, expected the 1-tuple "
+                    "dcp_entries() saves"
+                )
+            out.append(v[0])
+        return out
+
+    where = checkpoint_id if checkpoint_id is not None else "the checkpoint"
+    stored = reader().read_metadata().state_dict_metadata
+    ranks: dict[str, dict[int, str]] = {}
+    for kind, rest in (("state", "rank"), ("summaries", "summaries/rank")):
+        rx = re.compile(rf"{re.escape(prefix)}/{rest}(\d+)")
+        ranks[kind] = {int(m.group(1)): k for k in stored if (m := rx.fullmatch(k))}
+    if not ranks["summaries"]:
+        raise StateError(
+            f"{where} has no {prefix}/summaries/rank<N> entries (save each rank's "
+            "dcp_entries(state, rank) in it)"
+        )
+    order = sorted(ranks["summaries"])
+    per_rank = read([ranks["summaries"][r] for r in order])
+    for r, sums in zip(order, per_rank, strict=True):
+        if not isinstance(sums, list):
+            raise StateError(
+                f"DCP entry {ranks['summaries'][r]!r} holds a {type(sums).__name__}, expected "
+                "the list of summaries dcp_entries() saves"
+            )
+    summaries = [s for sums in per_rank for s in sums]
+    slots = set(dataset.needed_slots(summaries, num_workers))
+    need = sorted(
+        r for r, sums in zip(order, per_rank, strict=True) if any(_slot(s) in slots for s in sums)
+    )
+    missing = [r for r in need if r not in ranks["state"]]
+    if missing:
+        raise StateError(
+            f"{where} has summaries but no {prefix}/rank<N> state for old rank(s) {missing}"
+        )
+    states = read([ranks["state"][r] for r in need]) if need else []
+    dataset.load_state_dict(states, summaries=summaries)
+    return need
+
+
+def _slot(summary: Any) -> int | None:
+    slot = summary.get("slot") if isinstance(summary, dict) else None
+    return slot.get("index") if isinstance(slot, dict) else None
 
 
 def checkpoint_path(directory: str | os.PathLike[str], step: int, prefix: str = "ckpt") -> str:

@@ -214,7 +214,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             pack.check_schema(self._catalog.schema)
         # Where the next iterator starts; None only after unpickling, until first needed.
         self._resume: RawResume | None = RawResume.start(0)
-        self._pickled_resume: tuple[list[dict[str, Any]], Any] | None = None
+        # (states, replay records, summaries or None), as __getstate__ writes it
+        self._pickled_resume: tuple[list[dict[str, Any]], Any, list[Any] | None] | None = None
+        # A two-phase load: (its RawResume, the states, the summaries), to pickle it as given
+        self._two_phase: tuple[RawResume, list[dict[str, Any]], list[Any]] | None = None
         self._iter: StreamIterator | None = None  # the newest iterator
         self._loaded = False  # _resume came from load_state_dict and no iterator started yet
 
@@ -272,10 +275,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             self._resume, self._iter = self._iter.resume_point(), None
         if self._resume is None:  # unpickled: the position travelled as plain states
             assert self._pickled_resume is not None
-            states, replay = self._pickled_resume
-            self._resume = RawResume.load(self.catalog, self._settings, states).with_replay(
-                records=replay
-            )
+            states, replay, summaries = self._pickled_resume
+            self._resume = RawResume.load(
+                self.catalog, self._settings, states, summaries=summaries
+            ).with_replay(records=replay)
             self._pickled_resume = None
         return self._resume
 
@@ -343,9 +346,10 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         ``summaries`` (two-phase elastic resume, for many slots): every old slot's summary —
         its state's ``first_epoch``, ``slot`` and ``position`` (``position["buffer"]`` may be
         left out) — while ``state_dict`` holds the full states of only the slots
-        :meth:`needed_slots` names. The stream is the one loading every full state gives. Such
-        a load stays in this process: it is not handed to spawned DataLoader workers (load it
-        in each worker, or load every state).
+        :meth:`needed_slots` names. The stream is the one loading every full state gives.
+        DataLoader workers (forked or spawned) each merge their own slot from the same states
+        and summaries: give the states ``needed_slots(summaries, num_workers=N)`` names.
+        :func:`shardstream.checkpoint.load_dcp_states` does both phases from a DCP checkpoint.
 
         Raises:
             ShardsChangedError: the shards changed since the state was saved (names them).
@@ -353,14 +357,11 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
                 or with other settings (the message says what differs).
         """
         if summaries is not None:
+            states, summaries = _state.gather(state_dict), list(summaries)
             self._resume = RawResume.load(
-                self.catalog,
-                self._settings,
-                _state.gather(state_dict),
-                False,
-                self._start_point(),
-                summaries=list(summaries),
+                self.catalog, self._settings, states, False, self._start_point(), summaries
             )
+            self._two_phase = (self._resume, states, summaries)
             self._loaded = True
             return
         found = _state.gather(state_dict)
@@ -497,7 +498,17 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         # Rust objects stay behind; the position travels as plain states.
         it = self._iter
         start = it.resume_point() if it is not None and it.started else self._start_point()
-        d["_pickled_resume"] = (start.states(self.catalog, self._settings), start.replay())
+        if self._two_phase is not None and self._two_phase[0] is start:
+            # Still the two-phase load: each worker merges its own slot from what was given.
+            _, states, summaries = self._two_phase
+            d["_pickled_resume"] = (states, start.replay(), summaries)
+        else:
+            d["_pickled_resume"] = (
+                start.states(self.catalog, self._settings),
+                start.replay(),
+                None,
+            )
+        d["_two_phase"] = None
         # _catalog pickles as its snapshot: no listing or footer read in the worker
         d["_resume"] = d["_iter"] = d["_settings"] = None
         # Spawned workers do not see accelerate's loader: take what it is from here.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 
 import pytest
 from harness import (
@@ -17,6 +19,7 @@ from harness import (
     take,
     torch_roundtrip,
 )
+from shardstream import StateError
 from shardstream.checkpoint import state_summaries
 
 BIG_BUF = 10**6  # bigger than any shard set here
@@ -311,3 +314,45 @@ def test_two_phase_elastic_load_gives_the_stream_of_every_state(small):
             with pytest.raises(Exception, match=f"full state of old slot {need[0]} of 4"):
                 next(iter(ds))
     assert min(sizes) < 4
+
+
+def test_two_phase_summaries_after_an_earlier_elastic_resume(small):
+    """4 ranks -> 3 (every state) -> 2 (two phases): the 3-rank states carry the injected rows
+    of the first resume; their summaries keep only how many (``injected_rows``), give the
+    same needed slots as the states without buffer, and resume exactly like every state."""
+    base = dict(output="python", shuffle_buffer=40, seed=5, batch_size=5, epochs=2, even=None)
+    states4 = []
+    for r in range(4):
+        ds = make_ds(small.root, dict(base, rank=r, world_size=4))
+        take(iter(ds), 2 + r)
+        states4.append(torch_roundtrip(ds.state_dict()))
+    states3 = []
+    for r in range(3):
+        ds = make_ds(small.root, dict(base, rank=r, world_size=3))
+        ds.load_state_dict(states4)
+        take(iter(ds), 2)
+        states3.append(torch_roundtrip(ds.state_dict()))
+    specs = [sp for st in states3 for sp in st["position"]["specs"]]
+    injected = [len(base64.b64decode(sp["injected"])) // 8 for sp in specs]
+    assert sum(injected) > 0
+    summaries = state_summaries(states3)
+    got_specs = [sp for su in summaries for sp in su["position"]["specs"]]
+    assert [sp["injected_rows"] for sp in got_specs] == injected
+    assert all("injected" not in sp for sp in got_specs)
+    plain = [{k: v for k, v in st.items() if k != "buffer"} for st in states3]
+    for st in plain:
+        st["position"] = {k: v for k, v in st["position"].items() if k != "buffer"}
+    assert len(json.dumps(summaries)) < len(json.dumps(plain))
+    for r in range(2):
+        new = dict(base, rank=r, world_size=2)
+        want = resume_rest(small.root, new, states3)
+        ds = make_ds(small.root, new)
+        need = ds.needed_slots(summaries)
+        assert need == ds.needed_slots(plain)
+        ds.load_state_dict([states3[i] for i in need], summaries=summaries)
+        assert want and keys_of(ds, True) == want
+    bad = json.loads(json.dumps(summaries))
+    spec = next(sp for su in bad for sp in su["position"]["specs"] if sp["injected_rows"] > 1)
+    spec["injected"] = "AAAAAAAAAAA="  # one row id, against injected_rows
+    with pytest.raises(StateError, match="'injected_rows' is .* but 'injected' holds 1 rows"):
+        make_ds(small.root, dict(base, rank=0, world_size=2)).needed_slots(bad)

@@ -154,6 +154,35 @@ def test_dataloader_spawn(small):
     assert sorted(got) == sorted(small.ids)
 
 
+@pytest.mark.timeout(600)
+def test_two_phase_load_in_spawned_workers(small):
+    """A two-phase elastic load (summaries + only the states this rank's 2 workers need) is
+    handed to spawned workers: the stream is exactly the one of every state, forked."""
+    from shardstream.checkpoint import state_summaries
+
+    s = dict(output="python", batch_size=5, shuffle_buffer=60, seed=3, epochs=2, even=None)
+    states = []
+    for r in range(6):  # old layout: 6 slots
+        ds = make_ds(small.root, dict(s, rank=r, world_size=6))
+        it = iter(ds)
+        for _ in range(2 + r):
+            next(it)
+        states.append(torch_roundtrip(ds.state_dict()))
+    summaries = state_summaries(states)
+    new = dict(s, rank=1, world_size=2)  # new layout: 2 ranks x 2 workers
+    ds = make_ds(small.root, new)
+    need = ds.needed_slots(summaries, num_workers=2)
+    assert 0 < len(need) < 6
+    ds.load_state_dict([states[i] for i in need], summaries=summaries)
+    got = loader_keys(
+        DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    )
+    ref = make_ds(small.root, new)
+    ref.load_state_dict(states)
+    want = loader_keys(DataLoader(ref, batch_size=None, num_workers=2))
+    assert want and got == want
+
+
 # ------------------------------------------------------- StatefulDataLoader
 
 SDL_SETTINGS = dict(output="torch", batch_size=16, shuffle_buffer=7, seed=1, epochs=2)

@@ -59,6 +59,7 @@ def _spec(tmp, tag: str, source: str, settings: dict, **kw) -> tuple[str, str]:
         stop=None,
         save_torch=None,
         save_dcp=None,
+        save_dcp_entries=None,
     )
     spec.update(kw)
     path = os.path.join(tmp, f"{tag}-spec.json")
@@ -235,6 +236,7 @@ def test_torchrun_resume_same_and_elastic_layouts(data, tmp_path):
         stop=[5, 9],
         save_torch=f"{tmp}/a-{{rank}}.pt",
         save_dcp=f"{tmp}/a-dcp",
+        save_dcp_entries=f"{tmp}/a-dcp2",
     )
     for r in range(2):
         assert len(a[r]) == [5, 9][r] and a[r] == full[r][: len(a[r])]
@@ -273,6 +275,17 @@ def test_torchrun_resume_same_and_elastic_layouts(data, tmp_path):
         tmp, "b1-env", 1, data, s, load=dict(via="torch", target="dataset", files=files)
     )
     assert b1_env == b1, "2->1 from the torch.save files differs from 2->1 from DCP"
+    # 2 -> 1 in two phases (load_dcp_states: summaries, then the states needed), inside gloo
+    b1_2p = torchrun(
+        tmp,
+        "b1-2p",
+        1,
+        data,
+        s,
+        load=dict(via="dcp_two_phase", target="dataset", dir=f"{tmp}/a-dcp2"),
+    )
+    assert b1_2p == b1, "2->1 in two phases from DCP differs from loading every state"
+    assert job_results(tmp, "b1-2p", 1)[0]["dcp_ranks_read"] == [0, 1]
 
     # 1 -> 2: a 1-rank job interrupted inside epoch 1
     a1 = torchrun(
@@ -499,3 +512,93 @@ def test_elastic_resume_is_deterministic(data, tmp_path):
         r1 = envrun(tmp, f"{tag}-b1", 1, data, s1, num_workers=nw2, load=load)
         r2 = envrun(tmp, f"{tag}-b2", 1, data, s1, num_workers=nw2, load=load)
         assert r1 == r2, f"workers {nw1}->{nw2}: the same resume gave different streams"
+
+
+# ------------------------------------------------------------- 4. DCP, two phases (one process)
+
+
+def _old_slots(data, s, slots, stops):
+    """States of ``slots`` old slots (each its own stream), stopped after ``stops[i]`` items."""
+    states = []
+    for i in range(slots):
+        ds = ParquetStream(data, **s, rank=i, world_size=slots)
+        it = iter(ds)
+        for _ in range(stops[i]):
+            next(it)
+        states.append(ds.state_dict())
+    return states
+
+
+def _save_dcp(entries: dict, path: str, **kw) -> None:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: single process"
+        dcp.save(entries, checkpoint_id=path, **kw)
+
+
+def test_dcp_two_phase_reads_only_the_needed_states(data, tmp_path):
+    """4 old ranks x 2 workers saved with ``dcp_entries`` by DCP's default (flattening) planner
+    beside a tensor; each new rank (3, then 6 ranks) loads every summary, then the states of
+    only the old ranks it needs -- read keys recorded at the storage reader -- and yields
+    exactly the stream loading every state gives."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from shardstream import StateError
+    from shardstream.checkpoint import dcp_entries, load_dcp_states
+
+    s = dict(ELASTIC, shuffle_buffer=40, epochs=1)
+    states = _old_slots(data, s, 8, [3, 5, 2, 7, 4, 6, 1, 8])
+    ckpt = str(tmp_path / "dcp")
+    entries: dict = {"model.weight": torch.arange(4.0)}
+    for r in range(4):  # old rank r's loader held slots 2r, 2r+1 (slot = rank * workers + w)
+        entries.update(dcp_entries([states[2 * r], states[2 * r + 1]], r))
+    _save_dcp(entries, ckpt)
+
+    reads: list[list[str]] = []
+
+    class Recording(dcp.FileSystemReader):
+        def read_data(self, plan, planner):
+            reads.append(sorted({item.storage_index.fqn for item in plan.items}))
+            return super().read_data(plan, planner)
+
+    summary_keys = [f"shardstream/summaries/rank{r}" for r in range(4)]
+    subsets = 0
+    for world in (3, 6):
+        for r in range(world):
+            reads.clear()
+            ds = ParquetStream(data, **s, rank=r, world_size=world)
+            ranks = load_dcp_states(ds, ckpt, storage_reader=Recording(ckpt))
+            assert (
+                reads == [summary_keys, [f"shardstream/rank{o}" for o in ranks]][: 1 + bool(ranks)]
+            )
+            subsets += len(ranks) < 4
+            ref = ParquetStream(data, **s, rank=r, world_size=world)
+            ref.load_state_dict(states)
+            want = [tuple(x["id"]) for x in ref]
+            assert want and [tuple(x["id"]) for x in ds] == want, f"{world} ranks: rank {r}"
+    assert subsets >= 6, "every new rank read (nearly) every old state"
+    # the same layout (4 ranks x 2 workers): each rank reads its own state only
+    for r in range(4):
+        reads.clear()
+        ds = ParquetStream(data, **s, rank=r, world_size=4)
+        assert load_dcp_states(ds, ckpt, num_workers=2, storage_reader=Recording(ckpt)) == [r]
+        assert reads[1] == [f"shardstream/rank{r}"]
+
+    # Not what dcp_entries saves: refused, naming what is missing or wrong.
+    bare = str(tmp_path / "bare")
+    _save_dcp({f"shardstream/rank{r}": states[r] for r in range(2)}, bare)
+    with pytest.raises(StateError, match="no shardstream/summaries/rank<N> entries"):
+        load_dcp_states(ParquetStream(data, **s), bare)
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    plain = str(tmp_path / "plain")
+    _save_dcp(
+        {"shardstream/summaries/rank0": [{"slot": None}]},
+        plain,
+        planner=DefaultSavePlanner(flatten_state_dict=False),
+    )
+    with pytest.raises(StateError, match="'shardstream/summaries/rank0' is a list, expected"):
+        load_dcp_states(ParquetStream(data, **s), plain)

@@ -25,8 +25,7 @@ use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Even, Slot};
 use crate::settings::{Layout, Settings, StreamOptions, Tuning};
 use crate::state::envelope::{
-    parse_stream, FingerprintRecord, SettingsRecord, SkipRecord, SlotRecord, SpecRecord,
-    StreamState,
+    parse_stream, FingerprintRecord, SettingsRecord, SkipRecord, SlotRecord, StreamState,
 };
 use crate::state::SlotState;
 use crate::stream::{seek_of, Stream};
@@ -600,14 +599,29 @@ fn parse_summaries(
             .iter()
             .enumerate()
         {
-            let rec: SpecRecord = serde_json::from_value(sp.clone())
-                .map_err(|e| Error::State(format!("{what}['position']['specs'][{j}]: {e}")))?;
+            let at = format!("{what}['position']['specs'][{j}]");
+            let rec: SummarySpec = serde_json::from_value(sp.clone())
+                .map_err(|e| Error::State(format!("{at}: {e}")))?;
             let ranges = rec.ranges.iter().map(|[a, b]| *a..*b).collect();
-            let injected = base64_ids_len(&rec.injected).ok_or_else(|| {
-                Error::State(format!(
-                    "{what}['position']['specs'][{j}]['injected'] is not base64 of 8-byte row ids"
-                ))
-            })?;
+            let counted = match &rec.injected {
+                None => None,
+                Some(text) => Some(base64_ids_len(text).ok_or_else(|| {
+                    Error::State(format!("{at}['injected'] is not base64 of 8-byte row ids"))
+                })?),
+            };
+            let injected = match (rec.injected_rows, counted) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(Error::State(format!(
+                        "{at}: 'injected_rows' is {a} but 'injected' holds {b} rows"
+                    )))
+                }
+                (Some(n), _) | (None, Some(n)) => n,
+                (None, None) => {
+                    return Err(Error::State(format!(
+                        "{at} has neither 'injected' nor 'injected_rows'"
+                    )))
+                }
+            };
             specs.push((rec.epoch, ranges, injected));
         }
         let slot_ = Slot::new(slot.index, slot.count)?;
@@ -638,6 +652,18 @@ fn parse_summaries(
         None => return Err(Error::State("no summaries given".into())),
     };
     Ok((out, even, firsts.into_iter().next().unwrap_or(0)))
+}
+
+/// A spec of a summary: a state's spec, whose `injected` rows may be given by their number
+/// (`injected_rows`, what `state_summaries` writes) instead of the ids.
+#[derive(serde::Deserialize)]
+struct SummarySpec {
+    epoch: u64,
+    ranges: Vec<[u64; 2]>,
+    #[serde(default)]
+    injected: Option<String>,
+    #[serde(default)]
+    injected_rows: Option<u64>,
 }
 
 /// How many 8-byte ids padded base64 `text` holds, without decoding it.

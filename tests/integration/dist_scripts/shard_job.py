@@ -15,13 +15,17 @@ Usage: ``shard_job.py SPEC.json``. SPEC keys (``{rank}`` / ``{world}`` in paths 
   ``via == "torch"``: ``"files"`` is a list of ``torch.save`` files; one file is passed as is,
   several as a list. ``via == "dcp"``: ``"dir"`` and ``"keys"`` = ``"own"`` (this rank's
   entry) or ``"all"`` (every rank's entry of the checkpoint, as a list).
+  ``via == "dcp_two_phase"``: ``shardstream.checkpoint.load_dcp_states(ds, dir)`` (a checkpoint
+  of ``save_dcp_entries``; target ``"dataset"`` only); the output gets ``dcp_ranks_read``.
   ``target == "dataset"``: ``ds.load_state_dict(x)``; ``"loader"``: ``loader.load_state_dict(x)``.
   ``"same_as_dcp"``: a DCP directory of the same checkpoint; the output gets ``dcp_equal``:
   whether it gives back exactly what was loaded (same ``keys``).
 * ``stop``: ``None`` (iterate to the end) or a list of item counts indexed by rank
   (the last entry is used for higher ranks); after that many items the state is saved.
 * ``save_torch``: path for ``torch.save(state)``; ``save_dcp``: a DCP checkpoint directory
-  (entry ``shardstream/rank{rank}``, saved unflattened so each rank's state stays one value).
+  (entry ``shardstream/rank{rank}``, saved unflattened so each rank's state stays one value);
+  ``save_dcp_entries``: a DCP checkpoint of ``shardstream.checkpoint.dcp_entries(state, rank)``
+  beside a tensor, saved with the default planner.
 * ``out``: JSON file written with ``{"rank", "world", "items": [[ids of each item], ...]}``.
 """
 
@@ -90,13 +94,17 @@ def main() -> None:
             loaded = load_torch([fill(p) for p in load["files"]])
         elif load["via"] == "dcp":
             loaded = load_dcp(fill(load["dir"]), load["keys"], rank)
+        elif load["via"] == "dcp_two_phase":
+            from shardstream.checkpoint import load_dcp_states
+
+            extra["dcp_ranks_read"] = load_dcp_states(ds, fill(load["dir"]))
         else:
             raise ValueError(load["via"])
         if load.get("same_as_dcp"):
             # The same checkpoint also saved with DCP must give back exactly the same states.
             other = load_dcp(fill(load["same_as_dcp"]), load["keys"], rank)
             extra["dcp_equal"] = other == loaded
-        if load["target"] == "dataset":
+        if load["target"] == "dataset" and load["via"] != "dcp_two_phase":
             ds.load_state_dict(loaded)
 
     if num_workers is not None:
@@ -139,6 +147,17 @@ def main() -> None:
                 {dcp_key(rank): state},
                 checkpoint_id=fill(spec["save_dcp"]),
                 planner=DefaultSavePlanner(flatten_state_dict=False),
+            )
+
+        if spec.get("save_dcp_entries"):
+            import torch.distributed.checkpoint as dcp
+            from shardstream.checkpoint import dcp_entries
+
+            # The default (flattening) planner, beside a tensor, as a training job saves.
+            entries = {f"model.w{rank}": torch.full((2,), float(rank))}
+            dcp.save(
+                {**entries, **dcp_entries(state, rank)},
+                checkpoint_id=fill(spec["save_dcp_entries"]),
             )
 
     with open(fill(spec["out"]), "w") as f:
