@@ -175,11 +175,15 @@ fn open_ipc_batch(
     let shard = catalog.shard(s);
     let ranges = index.ranges_for(b);
     let bufs: Vec<arrow_buffer::Buffer> = match &shard.object {
-        Some(obj) => obj
-            .fetch(ranges)?
-            .into_iter()
-            .map(arrow_buffer::Buffer::from)
-            .collect(),
+        Some(obj) => {
+            // Dictionaries come first; the store caches them, so the batches after the first
+            // that need one do not fetch it again.
+            let dicts = ranges[..ranges.len() - 1].to_vec();
+            obj.fetch_pages(ranges, &dicts)?
+                .into_iter()
+                .map(arrow_buffer::Buffer::from)
+                .collect()
+        }
         None => ipc::slices(&catalog.mapped(s)?, &ranges, &shard.path)?,
     };
     let batch = index.decode(b, &shard.schema, roots, &bufs, &shard.path)?;
