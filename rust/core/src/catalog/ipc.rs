@@ -575,8 +575,10 @@ const MAPS_KEPT: usize = 16;
 /// The memory maps of a catalog's local IPC shards, the last [`MAPS_KEPT`] made: every batch
 /// of a shard slices one mapping instead of mapping the file again (an `open`, `fstat`, `mmap`
 /// and, once its batches are dropped, `munmap` each). A mapping outlives its slot while any
-/// batch references it. The lock is only tried (a lock held by a thread lost in a fork must
-/// not block the child): on contention the file is mapped afresh.
+/// batch references it, and the file pages it touched count in the process's RSS (shared,
+/// clean, reclaimable) until then, as with any reader that keeps files mapped. The lock is
+/// only tried (a lock held by a thread lost in a fork must not block the child): on
+/// contention the file is mapped afresh.
 #[derive(Default)]
 pub(crate) struct Maps(std::sync::Mutex<std::collections::VecDeque<(usize, Buffer)>>);
 
