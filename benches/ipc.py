@@ -1,7 +1,8 @@
 """Arrow IPC shards and HF `datasets` directories (issue 15), side by side in one run:
 
 * iteration over IPC *files* (`output="arrow"`) vs a `pyarrow.ipc.open_file(...).get_batch(i)`
-  loop and vs `pyarrow.dataset(format="arrow")` (best of several batch sizes);
+  loop (the file read, and memory-mapped: zero-copy like shardstream) and vs
+  `pyarrow.dataset(format="arrow")` (best of several batch sizes);
 * iteration over an HF `save_to_disk` directory (IPC streams) vs
   `datasets.load_from_disk(d).with_format("arrow").iter(batch_size)` (batches) and vs
   `to_iterable_dataset()` rows (row mode, on the first --row-limit rows);
@@ -109,13 +110,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--dir", default="bench-data/ipc")
     ap.add_argument("--json")
+    ap.add_argument("--only-files", action="store_true", help="just the IPC files comparison")
     args = ap.parse_args()
     import datasets
 
     datasets.disable_progress_bars()
     res: dict = {"load1_start": load1()}
     files = ipc_files(args.dir, args.rows, args.shards)
-    hf = hf_dir(args.dir, args.rows, args.shards)
+    hf = None if args.only_files else hf_dir(args.dir, args.rows, args.shards)
     # 1000: the record batch size of the files (then a batch is a zero-copy slice)
     sizes = [1000, 1024, 8192, 65536]
     t = args.seconds
@@ -134,6 +136,15 @@ def main() -> int:
 
         return _rate(timed_passes(one, t))
 
+    def pa_get_batch_mmap(bs):
+        def one():
+            for p in files:
+                with pa.memory_map(p) as m, pa.ipc.open_file(m) as r:
+                    for i in range(r.num_record_batches):
+                        yield r.get_batch(i)
+
+        return _rate(timed_passes(one, t))
+
     def pa_dataset(bs):
         ds = pads.dataset(files, format="arrow")
         return _rate(timed_passes(lambda: ds.to_batches(batch_size=bs), t))
@@ -141,8 +152,15 @@ def main() -> int:
     res["files"] = {
         "shardstream": best(ss_files, sizes),
         "pyarrow_get_batch": pa_get_batch(0),
+        "pyarrow_get_batch_mmap": pa_get_batch_mmap(0),
         "pyarrow_dataset": best(pa_dataset, sizes),
     }
+
+    if args.only_files:
+        res["load1_end"] = load1()
+        print(json.dumps(res, indent=1, default=float))
+        write_json(res, args.json)
+        return 0
 
     # 2. HF directory, batches and rows
     def ss_hf(bs):

@@ -238,6 +238,25 @@ def test_fingerprint_names_a_changed_ipc_shard(tmp_path):
         ds2.load_state_dict(state)
 
 
+@pytest.mark.parametrize("how", ["replaced", "appended"])
+def test_ipc_file_changed_mid_iteration_is_shard_error(tmp_path, how):
+    """A local IPC file stays mapped between its batches: one replaced by another file (renamed
+    over it) or grown in place after the first batch was read is still named at the next
+    batch, as when every batch mapped the file afresh."""
+    path = write_ipc(tmp_path / "a.arrow", _table(0, 30).to_batches(max_chunksize=5), "file")
+    ds = ParquetStream(path, output="arrow", batch_size=5, shuffle_buffer=0, readahead_threads=0)
+    it = iter(ds)
+    assert next(it).column("id").to_pylist() == list(range(5))
+    if how == "replaced":
+        other = write_ipc(tmp_path / "b.tmp", _table(100, 30).to_batches(max_chunksize=5), "file")
+        os.replace(other, path)
+    else:
+        with open(path, "ab") as f:
+            f.write(b"\0" * 8)
+    with pytest.raises(ShardError, match=r"a\.arrow.*the file changed while the dataset was open"):
+        list(it)
+
+
 def _ok_file(tmp_path, kind="file", comp=None):
     return write_ipc(tmp_path / f"x.{kind}", _table(0, 30).to_batches(max_chunksize=10), kind, comp)
 

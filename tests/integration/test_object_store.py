@@ -1246,9 +1246,10 @@ def test_truncated_remote_ipc_object_is_shard_error_naming_it(objstore, ipc_sets
 
 
 def test_remote_hf_save_to_disk_layout_equals_local(s3, tmp_path):
-    """An HF ``save_to_disk`` directory in a bucket: its ``data-*.arrow`` streams in name
-    order (``state.json`` and ``dataset_info.json`` are not data), the rows and order of
-    the local directory (read in ``state.json``'s order), resumable across the two."""
+    """An HF ``save_to_disk`` directory in a bucket: its ``data-*.arrow`` streams in the order
+    its ``state.json`` lists them (here not name order; one GET of it), ``state.json`` and
+    ``dataset_info.json`` not data, the rows and order of the local directory, resumable
+    across the two. A listed file missing from the bucket is named."""
     d = tmp_path / "hf"
     d.mkdir()
     files = []
@@ -1258,9 +1259,15 @@ def test_remote_hf_save_to_disk_layout_equals_local(s3, tmp_path):
         batches = [_ipc_batch(first + sum(sizes[:j]), n) for j, n in enumerate(sizes)]
         write_ipc(str(d / name), batches, "stream")
         files.append({"filename": name})
-    (d / "state.json").write_text(json.dumps({"_data_files": files, "_fingerprint": "x"}))
+    order = [files[2], files[0], files[1]]
+    (d / "state.json").write_text(json.dumps({"_data_files": order, "_fingerprint": "x"}))
     (d / "dataset_info.json").write_text("{}")
     url = s3.upload(str(d), bucket="hf-dir", cache=False)
+    plain = dict(output="python", shuffle_buffer=0)
+    want = list(range(200, 207)) + list(range(10)) + list(range(100, 109))
+    assert full_stream(url, s3_settings(s3.options(), plain)) == want
+    shards = make_ds(url, s3_settings(s3.options(), plain)).shards
+    assert [u.rsplit("/", 1)[-1] for u in shards] == [f["filename"] for f in order]
     settings = dict(output="python", batch_size=4, shuffle_buffer=5, seed=4)
     rs = s3_settings(s3.options(), settings)
     local = full_stream(str(d), settings)
@@ -1269,3 +1276,57 @@ def test_remote_hf_save_to_disk_layout_equals_local(s3, tmp_path):
     ds = make_ds(str(d), settings)
     take(iter(ds), 3)
     assert local[:3] + resume_rest(url, rs, torch_roundtrip(ds.state_dict())) == local
+    s3.put(
+        "hf-dir",
+        "data/state.json",
+        json.dumps({"_data_files": [{"filename": "gone.arrow"}]}).encode(),
+    )
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"listed in s3://hf-dir/data/state\.json but missing: s3://hf-dir/data/gone\.arrow",
+    ):
+        ParquetStream(url, storage_options=s3.options())
+
+
+DICT_WORDS, DICT_BATCHES = 20_000, 6
+
+
+@on_each_store("kind", {"file": "file", "stream": "stream"})
+def test_remote_ipc_dictionary_is_fetched_once(objstore, tmp_path, fault_proxy, kind):
+    """Every record batch of an IPC object needs its (large) dictionary message: it is
+    fetched for the first batch and then served from the store's cache, so reading every
+    batch fetches the dictionary's bytes once (not once per batch); the rows are the local
+    file's, and the store's counts are what the counting proxy saw."""
+    import pyarrow as pa
+
+    words = pa.array([f"word-{i:06d}" for i in range(DICT_WORDS)])
+    batches = [
+        pa.RecordBatch.from_arrays(
+            [
+                pa.array(range(b * 50, b * 50 + 50), pa.int64()),
+                pa.DictionaryArray.from_arrays(
+                    pa.array([(b * 50 + i) * 7 % DICT_WORDS for i in range(50)], pa.int32()), words
+                ),
+            ],
+            ["id", "word"],
+        )
+        for b in range(DICT_BATCHES)
+    ]
+    root = tmp_path / kind
+    root.mkdir()
+    write_ipc(str(root / "dict.arrow"), batches, kind)
+    dict_bytes = DICT_WORDS * (11 + 4)  # the values and offsets of the dictionary message
+    url = objstore.upload(str(root), prefix=f"ipc-dict-{kind}", cache=False)
+    seen: list = []
+    proxy = fault_proxy(only=_recorder(seen))
+    settings = dict(output="python", shuffle_buffer=0, readahead_threads=0)
+    ds = make_ds(url, s3_settings(objstore.options(proxy.endpoint), settings))
+    opened = ds.stats()["bytes"]
+    got = [r for r in ds]
+    pairs = [(r["id"], r["word"]) for r in got]
+    assert pairs == [(r["id"], r["word"]) for r in make_ds(str(root), settings)]
+    assert pairs[:2] == [(0, "word-000000"), (1, "word-000007")]
+    assert [i for i, _ in pairs] == list(range(DICT_BATCHES * 50))
+    fetched = ds.stats()["bytes"] - opened
+    assert dict_bytes <= fetched < 1.5 * dict_bytes, (fetched, dict_bytes)
+    assert http_requests(ds.stats()) == proxy.stats()["requests"] == len(seen), (ds.stats(), seen)

@@ -49,8 +49,15 @@ impl SegmentReader {
         let batch_rows = batch_rows.max(1);
         let lead = batch_rows - (piece.pos % batch_rows as u64) as usize;
         let inner = shard_guard(&shard.path, || {
-            open_row_group(shard, seg.row_group, selection, batch_rows, &shard.roots)
-                .map(|b| b.with_first_batch(lead))
+            open_row_group(
+                &catalog,
+                seg.shard,
+                seg.row_group,
+                selection,
+                batch_rows,
+                &shard.roots,
+            )
+            .map(|b| b.with_first_batch(lead))
         })?;
         let checks = utf8_checks(shard)?;
         Ok(SegmentReader {
@@ -136,14 +143,16 @@ impl Batches {
 /// `roots`: the file's root columns to decode (sorted; `shard.roots` for every output column).
 /// The one place the read path dispatches on the shard's format.
 fn open_row_group(
-    shard: &Shard,
+    catalog: &Catalog,
+    s: usize,
     row_group: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
     roots: &[usize],
 ) -> Result<Batches> {
+    let shard = catalog.shard(s);
     if let Some(index) = shard.ipc() {
-        let batches = open_ipc_batch(shard, index, row_group, selection, batch_rows, roots)?;
+        let batches = open_ipc_batch(catalog, s, index, row_group, selection, batch_rows, roots)?;
         return Ok(Batches::Ipc(batches));
     }
     Ok(Batches::Parquet(Box::new(open_parquet_row_group(
@@ -151,30 +160,31 @@ fn open_row_group(
     )?)))
 }
 
-/// One IPC record batch: its bytes (a local file memory-mapped, so uncompressed columns are
-/// not copied; an object's ranges fetched), decoded once, then the selection's rows as
-/// zero-copy slices of at most `batch_rows`.
+/// One IPC record batch: its bytes (a local file memory-mapped once per shard, so
+/// uncompressed columns are not copied; an object's ranges fetched), decoded once, then the
+/// selection's rows as zero-copy slices of at most `batch_rows`.
 fn open_ipc_batch(
-    shard: &Shard,
+    catalog: &Catalog,
+    s: usize,
     index: &ipc::IpcIndex,
     b: usize,
     selection: Vec<RowSelector>,
     batch_rows: usize,
     roots: &[usize],
 ) -> Result<std::vec::IntoIter<RecordBatch>> {
+    let shard = catalog.shard(s);
     let ranges = index.ranges_for(b);
     let bufs: Vec<arrow_buffer::Buffer> = match &shard.object {
-        Some(obj) => obj
-            .fetch(ranges)?
-            .into_iter()
-            .map(arrow_buffer::Buffer::from)
-            .collect(),
-        None => {
-            let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
-            shard.check_unchanged(&file)?;
-            let whole = ipc::map_file(&file, &shard.path)?;
-            ipc::slices(&whole, &ranges, &shard.path)?
+        Some(obj) => {
+            // Dictionaries come first; the store caches them, so the batches after the first
+            // that need one do not fetch it again.
+            let dicts = ranges[..ranges.len() - 1].to_vec();
+            obj.fetch_pages(ranges, &dicts)?
+                .into_iter()
+                .map(arrow_buffer::Buffer::from)
+                .collect()
         }
+        None => ipc::slices(&catalog.mapped(s)?, &ranges, &shard.path)?,
     };
     let batch = index.decode(b, &shard.schema, roots, &bufs, &shard.path)?;
     let rows = batch.num_rows() as u64;
@@ -450,17 +460,18 @@ fn read_group(
 ) -> Result<Vec<RecordBatch>> {
     let shard = catalog.shard(s);
     shard_guard(&shard.path, || {
-        read_group_inner(catalog, shard, g, ids, batch_rows)
+        read_group_inner(catalog, s, g, ids, batch_rows)
     })
 }
 
 fn read_group_inner(
     catalog: &Catalog,
-    shard: &Shard,
+    s: usize,
     g: usize,
     ids: &[u64],
     batch_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
+    let shard = catalog.shard(s);
     let rg_first = shard.first_row + shard.row_groups[g].first_row;
     let mut selection = Vec::new();
     let mut at = 0u64; // next row (relative to the row group) not yet covered by a selector
@@ -481,7 +492,7 @@ fn read_group_inner(
     }
     let mut out = Vec::new();
     let mut got = 0u64;
-    let mut batches = open_row_group(shard, g, selection, batch_rows, &shard.roots)?;
+    let mut batches = open_row_group(catalog, s, g, selection, batch_rows, &shard.roots)?;
     let checks = utf8_checks(shard)?;
     while let Some((n, columns)) = batches
         .next_batch()
@@ -515,7 +526,7 @@ pub fn read_column(
     let field = catalog.schema().field(column);
     shard_guard(&shard.path, || {
         let mut out = Vec::new();
-        let mut batches = open_row_group(shard, g, selection, batch_rows, &[root])?;
+        let mut batches = open_row_group(catalog, s, g, selection, batch_rows, &[root])?;
         let check = utf8_check(shard, root)?;
         while let Some((_, columns)) = batches
             .next_batch()

@@ -575,17 +575,20 @@ impl Store {
     /// Every object `url` names: the object itself, every shard below it (a prefix or
     /// "directory": `*.parquet`, `*.arrow` and the other [`SHARD_EXTENSIONS`]), or, when the
     /// URL's path has glob characters, every object matching it.
-    /// Sorted by key; an empty result is an error naming the URL. Objects named `also` that a
-    /// listing came across are reported beside them (the catalog's sidecar, found for free).
-    pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str, also: &str) -> Result<Resolved> {
+    /// Sorted by key; an empty result is an error naming the URL. Objects with a name in `also`
+    /// that a listing came across are reported beside them (the catalog's sidecar, an HF
+    /// `state.json`: found for free).
+    pub fn resolve(self: &Arc<Self>, url: &Url, raw: &str, also: &[&str]) -> Result<Resolved> {
         let key = self.location(url)?;
         let key_str = key.as_ref().to_string();
         let glob_at = key_str.find(['*', '?', '[']);
         let store = self.clone();
         let raw_owned = raw.to_string();
-        let also = format!("/{also}");
+        let also: Vec<String> = also.iter().map(|a| format!("/{a}")).collect();
         let is_also = move |m: &ObjectMeta| {
-            m.location.as_ref().ends_with(&also) || m.location.as_ref() == &also[1..]
+            let at = m.location.as_ref();
+            also.iter()
+                .any(|a| at.ends_with(a.as_str()) || at == &a[1..])
         };
         type Found = (Vec<ObjectMeta>, Option<ObjPath>, Vec<ObjectMeta>);
         let (metas, listed, extra): Found = self.run(move |client| async move {

@@ -132,7 +132,7 @@ pub(super) fn resolve_remote(
                 s
             }
         };
-        let r = store.resolve(&url, src, super::sidecar::INDEX_FILE)?;
+        let r = store.resolve(&url, src, &[super::sidecar::INDEX_FILE, HF_STATE])?;
         for obj in &r.objects {
             objects.insert(PathBuf::from(obj.url()), obj.clone());
         }
@@ -140,12 +140,62 @@ pub(super) fn resolve_remote(
     }
     let urls: Vec<PathBuf> = objects.keys().cloned().collect();
     let root = common_root(&urls);
+    let mut objects: Vec<Object> = objects.into_values().collect();
+    // One HF `datasets` prefix: its files in state.json's order, as for a local directory.
+    if let ([r], [store]) = (&resolved[..], &stores[..]) {
+        if let Some(ordered) = hf_state_order(store, r)? {
+            objects = ordered;
+        }
+    }
     Ok(RemoteSet {
         root,
-        objects: objects.into_values().collect(),
+        objects,
         stores,
         resolved,
     })
+}
+
+/// What `save_to_disk` names the file listing a dataset's data files in order.
+const HF_STATE: &str = "state.json";
+
+/// The objects of a listed prefix holding an HF `datasets` `state.json` (directly under it),
+/// in the order it lists them (one GET); `None` for any other listing.
+fn hf_state_order(store: &Arc<Store>, r: &crate::store::Resolved) -> Result<Option<Vec<Object>>> {
+    let Some(prefix) = &r.listed else {
+        return Ok(None);
+    };
+    let key = prefix.clone().join(HF_STATE);
+    if !r.also.iter().any(|o| o.location == key) {
+        return Ok(None);
+    }
+    let url = store.url_of(&key);
+    let Some(text) = store.get_whole(&key, &url)? else {
+        return Ok(None);
+    };
+    let Some(names) = super::sources::hf_state_files(&text, &url)? else {
+        return Ok(None);
+    };
+    if names.is_empty() {
+        return Err(Error::NotFound {
+            path: store.url_of(prefix),
+            what: "state.json lists no data files".into(),
+        });
+    }
+    names
+        .iter()
+        .map(|name| {
+            let at = prefix.clone().join(name.as_str());
+            r.objects
+                .iter()
+                .find(|o| o.location == at)
+                .cloned()
+                .ok_or_else(|| Error::NotFound {
+                    path: store.url_of(&at),
+                    what: format!("listed in {url} but missing"),
+                })
+        })
+        .collect::<Result<Vec<Object>>>()
+        .map(Some)
 }
 
 /// Read the footers of `objects` (all of `stores`),

@@ -568,6 +568,50 @@ fn check_buffers(buf: &Buffer, msg: Msg, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// How many local IPC files a catalog keeps mapped between batches (a reader works through
+/// one shard at a time; read-ahead threads a few more).
+const MAPS_KEPT: usize = 16;
+
+/// The memory maps of a catalog's local IPC shards, the last [`MAPS_KEPT`] made: every batch
+/// of a shard slices one mapping instead of mapping the file again (an `open`, `fstat`, `mmap`
+/// and, once its batches are dropped, `munmap` each). A mapping outlives its slot while any
+/// batch references it, and the file pages it touched count in the process's RSS (shared,
+/// clean, reclaimable) until then, as with any reader that keeps files mapped. The lock is
+/// only tried (a lock held by a thread lost in a fork must not block the child): on
+/// contention the file is mapped afresh.
+#[derive(Default)]
+pub(crate) struct Maps(std::sync::Mutex<std::collections::VecDeque<(usize, Buffer)>>);
+
+impl std::fmt::Debug for Maps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Maps")
+    }
+}
+
+impl Maps {
+    /// The bytes of local shard `s` (`shard`). The file at its path is checked to be the one
+    /// the catalog read (one `stat`) on every call, as it was for every fresh mapping.
+    pub(crate) fn get(&self, s: usize, shard: &crate::catalog::Shard) -> Result<Buffer> {
+        let meta = std::fs::metadata(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+        shard.check_unchanged_meta(&meta)?;
+        if let Ok(maps) = self.0.try_lock() {
+            if let Some((_, b)) = maps.iter().find(|(i, _)| *i == s) {
+                return Ok(b.clone());
+            }
+        }
+        let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+        shard.check_unchanged(&file)?;
+        let whole = map_file(&file, &shard.path)?;
+        if let Ok(mut maps) = self.0.try_lock() {
+            if maps.len() >= MAPS_KEPT {
+                maps.pop_front();
+            }
+            maps.push_back((s, whole.clone()));
+        }
+        Ok(whole)
+    }
+}
+
 /// A local shard's bytes, memory-mapped: a [`Buffer`] that keeps the mapping alive as long as
 /// any array sliced from it.
 pub(crate) fn map_file(file: &File, path: &Path) -> Result<Buffer> {

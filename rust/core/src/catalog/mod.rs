@@ -174,12 +174,20 @@ impl Shard {
     /// elsewhere and renamed over it). Reading on would mix rows of two files in one epoch.
     /// One `fstat` per open; the footer digest is checked only when a footer is read.
     pub(crate) fn check_unchanged(&self, file: &std::fs::File) -> Result<()> {
+        if self.file_id.is_none() {
+            return Ok(());
+        }
+        let meta = file.metadata().map_err(|e| Error::io(&self.path, e))?;
+        self.check_unchanged_meta(&meta)
+    }
+
+    /// [`Shard::check_unchanged`] from the metadata of the file now at its path.
+    pub(crate) fn check_unchanged_meta(&self, meta: &std::fs::Metadata) -> Result<()> {
         let Some(id) = self.file_id else {
             return Ok(());
         };
-        let meta = file.metadata().map_err(|e| Error::io(&self.path, e))?;
-        let (size, mtime) = (meta.len(), footer::mtime_ns(&meta));
-        let now = footer::file_id(&meta);
+        let (size, mtime) = (meta.len(), footer::mtime_ns(meta));
+        let now = footer::file_id(meta);
         if size == self.size && mtime == self.mtime_ns && now == id {
             return Ok(());
         }
@@ -217,6 +225,8 @@ pub struct Catalog {
     units: OnceLock<Arc<Vec<Unit>>>,
     /// The object stores remote shards come from (empty for local datasets).
     stores: Vec<Arc<Store>>,
+    /// Local IPC shards' memory maps, made once per file rather than once per batch.
+    maps: ipc::Maps,
 }
 
 impl Catalog {
@@ -281,6 +291,7 @@ impl Catalog {
             fingerprint,
             units: OnceLock::new(),
             stores,
+            maps: ipc::Maps::default(),
         })
     }
 
@@ -321,6 +332,11 @@ impl Catalog {
 
     pub fn shard(&self, i: usize) -> &Shard {
         &self.shards[i]
+    }
+
+    /// The bytes of local IPC shard `i`, memory-mapped (see [`ipc::Maps`]).
+    pub(crate) fn mapped(&self, i: usize) -> Result<arrow_buffer::Buffer> {
+        self.maps.get(i, &self.shards[i])
     }
 
     /// Output schema: the requested columns in the requested order.

@@ -43,13 +43,30 @@ pub fn hf_data_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(&state, e)),
     };
-    let bad = |what: String| {
-        Error::Config(format!(
-            "{}: not an HF datasets state.json ({what})",
-            state.display()
-        ))
+    let Some(names) = hf_state_files(&text, &state.display().to_string())? else {
+        return Ok(None);
     };
-    let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let p = dir.join(name);
+        if !p.is_file() {
+            return Err(Error::NotFound {
+                path: p.display().to_string(),
+                what: format!("listed in {} but missing", state.display()),
+            });
+        }
+        out.push(absolute(&p)?);
+    }
+    Ok(Some(out))
+}
+
+/// The data file names an HF `datasets` `state.json` (`text`, read from `state`: a path or
+/// URL) lists, in its order; `None` without `_data_files` (not a `save_to_disk` state). Local
+/// directories and bucket prefixes both read it here.
+pub(crate) fn hf_state_files(text: &[u8], state: &str) -> Result<Option<Vec<String>>> {
+    let bad =
+        |what: String| Error::Config(format!("{state}: not an HF datasets state.json ({what})"));
+    let v: serde_json::Value = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
     let Some(files) = v.get("_data_files") else {
         return Ok(None);
     };
@@ -67,14 +84,7 @@ pub fn hf_data_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
                 "data file name {name:?} is not a plain file name"
             )));
         }
-        let p = dir.join(name);
-        if !p.is_file() {
-            return Err(Error::NotFound {
-                path: p.display().to_string(),
-                what: format!("listed in {} but missing", state.display()),
-            });
-        }
-        out.push(absolute(&p)?);
+        out.push(name.to_string());
     }
     if v.get("_indices_data_files")
         .and_then(|x| x.as_array())
