@@ -452,7 +452,7 @@ impl Mixer {
         if w > 0 && t >= self.piece.start {
             let steps = (need as u64).div_ceil(w); // >= 1
             match self.piece.end {
-                None => return t.checked_add(steps - 1).unwrap_or(u64::MAX),
+                None => return t.saturating_add(steps - 1),
                 Some(end) if t < end && steps <= end - t => return t + steps - 1,
                 _ => {}
             }
@@ -491,9 +491,8 @@ impl Mixer {
     /// One pass without branches on the data: a source is released when `d + w > 0` (a source
     /// out of the mix has `w = 0` and `d = 0`, so never is), and a deadline already passed
     /// counts as now (`max(deadline, t)`: what recomputing it would give). The key is that
-    /// deadline's distance from now above the index: a finite deadline is less than
-    /// `2 * UNIT / 1 = 2**33` items away (need <= 2 * UNIT, w >= 1), so clamping the distance
-    /// to 47 bits only merges "never"s, which tie (lower index) in the reference rule too.
+    /// deadline above the index (u128: any deadline, even one far past a stretch of zero
+    /// weight, orders as in the reference rule; "never"s tie, lower index first).
     fn choose(&mut self) -> Option<usize> {
         self.ensure_piece();
         if !self.live {
@@ -502,13 +501,13 @@ impl Mixer {
         let t = self.inner;
         let k = self.d.len();
         let (d, w, dl) = (&self.d[..k], &self.piece.w[..k], &self.deadline[..k]);
-        let mut best = u64::MAX;
+        let mut best = u128::MAX;
         for (s, ((d, w), dl)) in d.iter().zip(w).zip(dl).enumerate() {
-            let key = (((*dl).max(t) - t).min((1 << 47) - 1) << 16) | s as u64;
+            let key = ((*dl).max(t) as u128) << 16 | s as u128;
             let released = *d + *w as i64 > 0;
-            best = best.min(if released { key } else { u64::MAX });
+            best = best.min(if released { key } else { u128::MAX });
         }
-        (best != u64::MAX).then_some((best & 0xffff) as usize)
+        (best != u128::MAX).then_some((best & 0xffff) as usize)
     }
 
     /// The rule as first written (a branch per source, deadlines recomputed once passed): what
@@ -924,6 +923,40 @@ mod tests {
         }
         // item 0: 1 (tie with 2, lower index); item 1: 2 is past due, 0 due now: 0 wins
         assert_eq!(got[..3], [1, 0, 2]);
+    }
+
+    /// Deadlines far beyond a stretch of zero weight still order exactly: sources 0 and 1 are
+    /// released but get weight only from item 2**48 (1 sooner than 0), sources 2 and 3 are not
+    /// released, so the choice is between two deadlines near 2**48.
+    #[test]
+    fn far_deadlines_order_as_in_the_reference() {
+        let far = 1u64 << 48;
+        let s = Schedule {
+            kind: Kind::Step,
+            points: vec![
+                (0, quantize(&[0.0, 0.0, 1.0, 1.0], "w").unwrap()),
+                (far, quantize(&[1.0, 3.0, 0.0, 0.0], "w").unwrap()),
+            ],
+        };
+        s.check(4, "w").unwrap();
+        let u = UNIT as i64;
+        let d = [6 * u / 10, 6 * u / 10, -6 * u / 10, -6 * u / 10];
+        let pos = MixerPos {
+            items: 0,
+            base: 0,
+            since: 0,
+            left: None,
+            deficits: d.into_iter().map(Some).collect(),
+            block: None,
+            taken: vec![0; 4],
+        };
+        let r = rule(s, Mixing::Deterministic, 4, false);
+        let mut m = Mixer::restore(r, Slot::new(0, 1).unwrap(), &pos).unwrap();
+        let avail = Avail {
+            left: vec![u64::MAX; 4],
+        };
+        assert_eq!(m.peek(&avail), Some(1));
+        assert_eq!(m.clone().choose_reference(), Some(1));
     }
 
     #[test]
