@@ -2,8 +2,10 @@
 
 (a) The mixer's overhead: a ``Mixture`` of K sources (weights proportional to their sizes,
     every source read once: ``on_exhausted="drop"``) against one ``ParquetStream`` over the
-    same shards, same batch size and output; rows/s and rows per CPU-second, K = 3 and 8,
-    mixed batches and by-source batches. Target: < 5% slower.
+    same shards, same batch size and output, K = 3 and 8, mixed and by-source batches,
+    ``readahead_threads=0`` and default. Reported apart: the per-row cost (CPU and wall time
+    per row after the first batch) and the fixed cost (open + first batch). Target: < 5% more
+    per row.
 (b) Resume time vs position: ``load_state_dict`` + first batch at 1% / 50% / 99% of the
     mixture (flat: nothing before the position is read).
 (c) State size vs number of sources (pickled ``state_dict()``, no shuffle buffer).
@@ -121,20 +123,34 @@ def _count(item: Any) -> int:
 # ------------------------------------------------------------------ children
 
 
-def child(spec: dict[str, Any]) -> dict[str, Any]:
-    from shardstream.cli.bench import time_resume, timed_passes
+def one_pass(make: Any, count: Any) -> dict[str, Any]:
+    """One pass, timed in two parts: the fixed cost (open + first item) and the rest (per row)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    it = iter(make())
+    first = count(next(it))
+    c1, t1 = time.process_time(), time.perf_counter()
+    rest = sum(count(x) for x in it)
+    c2, t2 = time.process_time(), time.perf_counter()
+    return {
+        "rows": first + rest,
+        "rate": (first + rest) / (t2 - t0),
+        "cpu_rate": (first + rest) / (c2 - c0),
+        "fixed_ms": (t1 - t0) * 1e3,
+        "fixed_cpu_ms": (c1 - c0) * 1e3,
+        "row_ns": (t2 - t1) / rest * 1e9,
+        "row_cpu_ns": (c2 - c1) / rest * 1e9,
+    }
 
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
     kind = spec["kind"]
     dirs = spec["dirs"]
     if kind in ("mix", "single"):
         make = mixture if kind == "mix" else single
-        r = timed_passes(lambda: make(dirs, spec), count=_count)
-        return {
-            "rate": r["rows"] / r["seconds"],
-            "cpu_rate": r["rows"] / r["cpu_seconds"],
-            "rows": r["rows"],
-        }
+        return one_pass(lambda: make(dirs, spec), _count)
     if kind == "resume":
+        from shardstream.cli.bench import time_resume
+
         ds = mixture(dirs, spec)
         it = iter(ds)
         for _ in range(spec["at"]):
@@ -256,29 +272,42 @@ def main() -> int:
         f"1-min load at start {results['load_start']:.1f} (cpus {os.cpu_count()})"
     )
 
-    # (a) overhead
+    # (a) overhead: per row (after the first item) and fixed (open + first item), CPU and wall
     table = []
     for k in ks:
         dirs = make_data(root, args.rows, k)
-        for output, combine, shuffle in (
-            ("arrow", "mixed", 0),
-            ("torch", "mixed", 0),
-            ("torch", "by_source", 0),
-            ("arrow", "mixed", 1000),
+        for output, combine, shuffle, threads in (
+            ("arrow", "mixed", 0, 0),
+            ("arrow", "mixed", 0, None),
+            ("arrow", "by_source", 0, None),
+            ("torch", "mixed", 0, 0),
+            ("torch", "mixed", 0, None),
+            ("torch", "by_source", 0, None),
+            ("arrow", "mixed", 1000, None),
         ):
             base = dict(dirs=dirs, batch=args.batch, output=output, shuffle=shuffle)
+            base["threads"] = threads
             specs = [dict(base, kind="single"), dict(base, kind="mix", combine=combine)]
             one, mixed = runs_of(specs, args.runs)
             assert {r["rows"] for r in one} == {r["rows"] for r in mixed}, (one, mixed)
-            ratio = [m["rate"] / o["rate"] for m, o in zip(mixed, one, strict=True)]
-            cpu_ratio = [m["cpu_rate"] / o["cpu_rate"] for m, o in zip(mixed, one, strict=True)]
+
+            def ratio(key: str, one: list = one, mixed: list = mixed) -> str:
+                r = [m[key] / o[key] for m, o in zip(mixed, one, strict=True)]
+                return benchlib.with_spread(r, lambda x: f"{x:.3f}")
+
+            def ns(runs: list, key: str) -> str:
+                return benchlib.with_spread([r[key] for r in runs], lambda x: f"{x:.0f}")
+
             table.append(
                 [
-                    f"K={k} {output} {combine}" + (f" shuffle {shuffle}" if shuffle else ""),
-                    benchlib.with_spread([r["rate"] for r in mixed], benchlib.mrows),
-                    benchlib.with_spread([r["rate"] for r in one], benchlib.mrows),
-                    benchlib.with_spread(ratio, lambda x: f"{x:.3f}"),
-                    benchlib.with_spread(cpu_ratio, lambda x: f"{x:.3f}"),
+                    f"K={k} {output} {combine}"
+                    + (f" shuffle {shuffle}" if shuffle else "")
+                    + (" threads=0" if threads == 0 else ""),
+                    ns(mixed, "row_cpu_ns"),
+                    ns(one, "row_cpu_ns"),
+                    ratio("row_cpu_ns"),
+                    ratio("row_ns"),
+                    ns(mixed, "fixed_cpu_ms") + " / " + ns(one, "fixed_cpu_ms"),
                     benchlib.load_range(mixed + one),
                 ]
             )
@@ -288,6 +317,7 @@ def main() -> int:
                     "output": output,
                     "combine": combine,
                     "shuffle": shuffle,
+                    "threads": threads,
                     "mix": mixed,
                     "single": one,
                 }
@@ -296,13 +326,15 @@ def main() -> int:
         table,
         (
             "workload",
-            "Mixture M rows/s",
-            "one ParquetStream M rows/s (same run)",
-            "ratio (wall)",
-            "ratio (CPU)",
+            "Mixture CPU ns/row",
+            "one ParquetStream CPU ns/row (same run)",
+            "ratio per row (CPU)",
+            "ratio per row (wall)",
+            "fixed: open + first batch, CPU ms (Mixture / one)",
             "load",
         ),
-        "(a) mixer overhead: a Mixture of K sources vs one stream over the same shards",
+        "(a) mixer overhead: a Mixture of K sources vs one stream over the same shards; per row "
+        "= after the first batch",
     )
 
     # (b) resume time vs position

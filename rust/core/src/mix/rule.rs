@@ -326,20 +326,26 @@ impl Mixer {
         {
             return;
         }
+        // Per item only the choice; the counters are settled once after the run.
+        let before = out.len();
+        let counts0 = counts.to_vec();
         for _ in 0..n {
             let Some(s) = self.choose() else { break };
             self.commit(s);
-            self.since += 1;
-            self.items += 1;
-            self.taken[s] += 1;
-            if let Some(l) = &mut self.left {
-                *l -= 1;
-            }
-            if avail.left[s] != u64::MAX {
-                avail.left[s] -= 1;
-            }
             counts[s] += 1;
             out.push(s as u16);
+        }
+        let ran = (out.len() - before) as u64;
+        self.since += ran;
+        self.items += ran;
+        if let Some(l) = &mut self.left {
+            *l -= ran;
+        }
+        for (s, (c, c0)) in counts.iter().zip(counts0).enumerate() {
+            self.taken[s] += c - c0;
+            if avail.left[s] != u64::MAX {
+                avail.left[s] -= c - c0;
+            }
         }
     }
 
@@ -436,13 +442,24 @@ impl Mixer {
         if !self.pieces.active[s] {
             return u64::MAX;
         }
-        let mut need = UNIT as i128 - d as i128;
+        // |d| <= 2 * UNIT, so need fits an i64
+        let need = UNIT as i64 - d;
         if need <= 0 {
             return t;
         }
+        // The common case, once per item: reached within the current piece (read in place).
+        let w = self.piece.w[s];
+        if w > 0 && t >= self.piece.start {
+            let steps = (need as u64).div_ceil(w); // >= 1
+            match self.piece.end {
+                None => return t.saturating_add(steps - 1),
+                Some(end) if t < end && steps <= end - t => return t + steps - 1,
+                _ => {}
+            }
+        }
+        let mut need = need as i128;
         let mut at = t;
         loop {
-            // The current piece is read in place (this runs once per item: no clone).
             let (w, end) = if at >= self.piece.start && self.piece.end.is_none_or(|e| at < e) {
                 (self.piece.w[s], self.piece.end)
             } else {
@@ -470,10 +487,36 @@ impl Mixer {
     }
 
     /// Earliest deadline among the released sources (ties: the lower index).
+    ///
+    /// One pass without branches on the data: a source is released when `d + w > 0` (a source
+    /// out of the mix has `w = 0` and `d = 0`, so never is), and a deadline already passed
+    /// counts as now (`max(deadline, t)`: what recomputing it would give). The key is that
+    /// deadline above the index (u128: any deadline, even one far past a stretch of zero
+    /// weight, orders as in the reference rule; "never"s tie, lower index first).
     fn choose(&mut self) -> Option<usize> {
         self.ensure_piece();
         if !self.live {
             return None; // no source in the mix has weight here: the mixture ends
+        }
+        let t = self.inner;
+        let k = self.d.len();
+        let (d, w, dl) = (&self.d[..k], &self.piece.w[..k], &self.deadline[..k]);
+        let mut best = u128::MAX;
+        for (s, ((d, w), dl)) in d.iter().zip(w).zip(dl).enumerate() {
+            let key = ((*dl).max(t) as u128) << 16 | s as u128;
+            let released = *d + *w as i64 > 0;
+            best = best.min(if released { key } else { u128::MAX });
+        }
+        (best != u128::MAX).then_some((best & 0xffff) as usize)
+    }
+
+    /// The rule as first written (a branch per source, deadlines recomputed once passed): what
+    /// [`Mixer::choose`] must equal.
+    #[cfg(test)]
+    fn choose_reference(&mut self) -> Option<usize> {
+        self.ensure_piece();
+        if !self.live {
+            return None;
         }
         let k = self.d.len();
         let (active, w) = (&self.pieces.active[..k], &self.piece.w[..k]);
@@ -495,7 +538,9 @@ impl Mixer {
     }
 
     fn commit(&mut self, s: usize) {
-        for (d, w) in self.d.iter_mut().zip(&self.piece.w) {
+        let k = self.d.len();
+        let (d, w) = (&mut self.d[..k], &self.piece.w[..k]);
+        for (d, w) in d.iter_mut().zip(w) {
             *d += *w as i64;
         }
         self.d[s] -= UNIT as i64;
@@ -776,6 +821,51 @@ mod tests {
             prop_assert!(ran || rows[..k].iter().any(|r| *r < n));
         }
 
+        /// The branch-free choice equals the reference rule at every item: from fresh and from
+        /// restored positions with any deficits the state may hold (within one item, summing to
+        /// 0: deadlines may already have passed, so ties at "now" occur), under constant,
+        /// stepped and linear schedules, drops and stops.
+        #[test]
+        fn fast_choice_equals_reference(
+            s in schedule(), count in 1u32..4, base in 0u64..500, since in 0u64..300, stop: bool,
+            rows in proptest::collection::vec(prop_oneof![Just(u64::MAX), 0u64..200], 7),
+            skew in proptest::collection::vec(-1.0f64..1.0, 7), restored: bool,
+        ) {
+            let k = s.points[0].1.len();
+            let slot = Slot::new(count - 1, count).unwrap();
+            let r = rule(s, Mixing::Deterministic, k, stop);
+            let mut m = if restored {
+                // any deficits within one item summing to 0: centred, scaled, the rest on d_0
+                let mean = skew[..k].iter().sum::<f64>() / k as f64;
+                let top = skew[..k].iter().map(|x| (x - mean).abs()).fold(1e-9, f64::max);
+                let mut d: Vec<i64> =
+                    skew[..k].iter().map(|x| ((x - mean) / top * 0.999 * UNIT as f64) as i64).collect();
+                d[0] -= d.iter().sum::<i64>();
+                let deficits = d.into_iter().map(Some).collect();
+                let pos = MixerPos {
+                    items: 0, base, since, left: Some(600), deficits, block: None, taken: vec![0; k],
+                };
+                Mixer::restore(r, slot, &pos).unwrap()
+            } else {
+                Mixer::fresh(r, slot, base, Some(600), vec![true; k], 0, vec![0; k])
+            };
+            let mut avail = Avail { left: rows[..k].to_vec() };
+            let mut n = 0;
+            loop {
+                let got = m.peek(&avail);
+                let fast = m.clone().choose();
+                prop_assert_eq!(fast, m.clone().choose_reference(), "item {}", n);
+                if got.is_some() {
+                    prop_assert_eq!(got, fast);
+                }
+                if m.take(&mut avail).is_none() {
+                    break;
+                }
+                n += 1;
+            }
+            prop_assert!(n <= 600);
+        }
+
         /// Stratified blocks hold exactly the deterministic rule's counts for the same items.
         #[test]
         fn stratified_blocks_have_deterministic_counts(w in weights(), block in 1u64..12, n in 1usize..300) {
@@ -796,6 +886,77 @@ mod tests {
                 prop_assert_eq!(bx, by);
             }
         }
+    }
+
+    /// A restored position may hold deficits no run reaches: two sources due at the same item,
+    /// so one deadline passes. A passed deadline counts as now, so at the next item it ties with
+    /// a source due then and the lower index wins, as in the reference rule.
+    #[test]
+    fn passed_deadlines_tie_at_now() {
+        let w = quantize(&[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 7.0, 7.0], "w").unwrap();
+        let ws = w[0] as i64;
+        let u = UNIT as i64;
+        // source 0 due at item 1; sources 1 and 2 both due at item 0 (released, need < w)
+        let mut d = vec![u - 2 * ws + 1, u - ws / 2, u - ws / 2];
+        let rest = -d.iter().sum::<i64>();
+        d.extend([rest / 5; 4]);
+        d.push(rest - 4 * (rest / 5));
+        let pos = MixerPos {
+            items: 0,
+            base: 0,
+            since: 0,
+            left: None,
+            deficits: d.into_iter().map(Some).collect(),
+            block: None,
+            taken: vec![0; 8],
+        };
+        let r = rule(Schedule::constant(w), Mixing::Deterministic, 8, false);
+        let mut m = Mixer::restore(r, Slot::new(0, 1).unwrap(), &pos).unwrap();
+        let mut avail = Avail {
+            left: vec![u64::MAX; 8],
+        };
+        let mut got = Vec::new();
+        for _ in 0..200 {
+            m.peek(&avail);
+            assert_eq!(m.clone().choose(), m.clone().choose_reference());
+            got.push(m.take(&mut avail).unwrap());
+        }
+        // item 0: 1 (tie with 2, lower index); item 1: 2 is past due, 0 due now: 0 wins
+        assert_eq!(got[..3], [1, 0, 2]);
+    }
+
+    /// Deadlines far beyond a stretch of zero weight still order exactly: sources 0 and 1 are
+    /// released but get weight only from item 2**48 (1 sooner than 0), sources 2 and 3 are not
+    /// released, so the choice is between two deadlines near 2**48.
+    #[test]
+    fn far_deadlines_order_as_in_the_reference() {
+        let far = 1u64 << 48;
+        let s = Schedule {
+            kind: Kind::Step,
+            points: vec![
+                (0, quantize(&[0.0, 0.0, 1.0, 1.0], "w").unwrap()),
+                (far, quantize(&[1.0, 3.0, 0.0, 0.0], "w").unwrap()),
+            ],
+        };
+        s.check(4, "w").unwrap();
+        let u = UNIT as i64;
+        let d = [6 * u / 10, 6 * u / 10, -6 * u / 10, -6 * u / 10];
+        let pos = MixerPos {
+            items: 0,
+            base: 0,
+            since: 0,
+            left: None,
+            deficits: d.into_iter().map(Some).collect(),
+            block: None,
+            taken: vec![0; 4],
+        };
+        let r = rule(s, Mixing::Deterministic, 4, false);
+        let mut m = Mixer::restore(r, Slot::new(0, 1).unwrap(), &pos).unwrap();
+        let avail = Avail {
+            left: vec![u64::MAX; 4],
+        };
+        assert_eq!(m.peek(&avail), Some(1));
+        assert_eq!(m.clone().choose_reference(), Some(1));
     }
 
     #[test]
