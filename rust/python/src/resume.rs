@@ -40,6 +40,12 @@ pub fn state_to_py<'py>(py: Python<'py>, st: &StreamState) -> PyResult<Bound<'py
     Ok(from_value(py, &st.to_value())?.cast_into::<PyDict>()?)
 }
 
+/// [`state_to_py`] for a state that is not kept (`state_dict()`): its buffer text is moved, not
+/// copied.
+pub fn state_into_py(py: Python<'_>, st: StreamState) -> PyResult<Bound<'_, PyDict>> {
+    Ok(from_value(py, &st.into_value())?.cast_into::<PyDict>()?)
+}
+
 #[pymethods]
 impl RawResume {
     /// The start of a pass at `first_epoch`.

@@ -9,7 +9,7 @@ use shardstream_core::{Error, Layout, Stream};
 
 use crate::catalog::RawCatalog;
 use crate::error::{detach, guard, to_py};
-use crate::resume::{state_to_py, RawResume};
+use crate::resume::{state_into_py, RawResume};
 use crate::settings::RawSettings;
 
 /// `(rank, world_size, worker, num_workers)` as the core's layout under `settings.even`.
@@ -101,7 +101,7 @@ impl RawStream {
         within: Option<usize>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let st = self.with(py, |s| s.checkpoint(within))?;
-        state_to_py(py, &st)
+        state_into_py(py, st)
     }
 
     /// Pass over the next `n` items without reading them (recorded in the state); in row mode
