@@ -13,10 +13,11 @@
 //!   keep every thread busy. Cuts fall on page boundaries of the largest projected column where
 //!   possible, so its pages are fetched and decoded once (`Costs`). Without an offset
 //!   index a piece would re-decode the pages before it, so those row groups stay whole.
-//! * After a (re)start only the first piece is fetched until the consumer has its first batch
-//!   and asks for the next ([`Gate`]): the other threads would otherwise fetch their (ramped, but larger) pieces at the
-//!   same time, and a deep resume over an object store paid for several pieces before its first
-//!   batch (2.5-4.8% of a full read instead of ~0.5%, benchmarks "Object stores").
+//! * After a (re)start a piece is fetched only once the consumer waits for it, until the consumer
+//!   has received a decoded batch's worth of rows ([`Gate`]); then all threads run. Otherwise
+//!   they fetch their (ramped, but larger) pieces at the same time as the first, and a deep
+//!   resume over an object store paid for several pieces before its first batch (2.5-4.8% of a
+//!   full read instead of ~0.5%, benchmarks "Object stores").
 //! * Fork safety: threads are only started on the first read (inside the DataLoader worker), and a
 //!   prefetcher that finds itself in a different process than the one that started it (a fork
 //!   happened) is abandoned without touching its channels, whose locks a vanished thread may hold.
@@ -277,24 +278,28 @@ impl<'a> Costs<'a> {
     }
 }
 
-/// Holds every readahead thread but the first piece's until the consumer asks for a second
-/// batch, passes the first piece, or drops the prefetcher: opened once, never closed.
+/// How many readahead threads may start fetching (thread `t` waits until more than `t` may):
+/// after a (re)start, only the threads whose pieces the consumer is waiting for, until it has
+/// received its first rows; then all. Only ever raised.
 #[derive(Default)]
 struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
+    allowed: Mutex<usize>,
+    raised: Condvar,
 }
 
 impl Gate {
-    fn open(&self) {
-        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        self.opened.notify_all();
+    fn allow(&self, n: usize) {
+        let mut allowed = self.allowed.lock().unwrap_or_else(|p| p.into_inner());
+        if n > *allowed {
+            *allowed = n;
+            self.raised.notify_all();
+        }
     }
 
-    fn wait(&self) {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        while !*open {
-            open = self.opened.wait(open).unwrap_or_else(|p| p.into_inner());
+    fn wait_for(&self, t: usize) {
+        let mut allowed = self.allowed.lock().unwrap_or_else(|p| p.into_inner());
+        while *allowed <= t {
+            allowed = self.raised.wait(allowed).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -306,10 +311,12 @@ pub struct Prefetcher {
     next: usize,
     stop: Arc<AtomicBool>,
     gate: Arc<Gate>,
-    /// `gate` was opened.
+    /// Every thread may start.
     started_all: bool,
-    /// `next_batch` returned at least once.
-    received: bool,
+    /// Rows received so far, counted until `warm_rows`.
+    received: usize,
+    /// Rows after which every thread may start (a decoded batch: the first output batch).
+    warm_rows: usize,
 }
 
 impl Prefetcher {
@@ -323,24 +330,23 @@ impl Prefetcher {
         let threads = threads.max(1);
         let stop = Arc::new(AtomicBool::new(false));
         let gate = Arc::new(Gate::default());
+        gate.allow(1);
         let mut channels = Vec::with_capacity(threads);
         for t in 0..threads {
             let (tx, rx) = sync_channel(depth.max(1));
             // Each thread walks the (cheap, lazy) piece sequence and decodes every `threads`-th.
             let mine = pieces.clone().skip(t).step_by(threads);
             let (catalog, stop) = (catalog.clone(), stop.clone());
-            let held = (t > 0).then(|| gate.clone());
+            let gate_ = gate.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("shardstream-read-{t}"))
                 .spawn(move || {
-                    if let Some(g) = held {
-                        g.wait();
-                    }
+                    gate_.wait_for(t);
                     decode_pieces(catalog, mine, tx, stop, batch_rows)
                 });
             if let Err(e) = spawned {
                 // Threads already started must not wait forever: they stop at their first send.
-                gate.open();
+                gate.allow(usize::MAX);
                 return Err(Error::Internal(format!(
                     "cannot start a readahead thread: {e}"
                 )));
@@ -354,7 +360,8 @@ impl Prefetcher {
             stop,
             gate,
             started_all: false,
-            received: false,
+            received: 0,
+            warm_rows: batch_rows.max(1),
         })
     }
 
@@ -365,32 +372,33 @@ impl Prefetcher {
 
     /// The next decoded batch in piece order; `None` when every piece is done.
     pub fn next_batch(&mut self) -> Result<Option<(u64, RecordBatch)>> {
-        if self.received {
-            // The consumer has had its first batch and asks for more.
-            self.let_others_start();
-        }
         let out = loop {
             match self.channels[self.next].recv() {
                 Ok(Msg::Batch(first, b)) => break Ok(Some((first, b))),
                 Ok(Msg::EndOfPiece) => {
-                    // The first piece had no more rows: its successor's thread must run.
-                    self.let_others_start();
                     self.next = (self.next + 1) % self.channels.len();
+                    // Still warming up: let just the next piece's thread start.
+                    if !self.started_all {
+                        self.gate.allow(self.next + 1);
+                    }
                 }
                 Ok(Msg::Failed(e)) => break Err(e),
                 // The thread owning the next piece has none left: all pieces are done.
                 Err(_) => break Ok(None),
             }
         };
-        self.received = true;
-        out
-    }
-
-    fn let_others_start(&mut self) {
         if !self.started_all {
-            self.gate.open();
-            self.started_all = true;
+            self.received += out
+                .as_ref()
+                .ok()
+                .and_then(|b| b.as_ref())
+                .map_or(0, |(_, b)| b.num_rows());
+            if self.received >= self.warm_rows || !matches!(out, Ok(Some(_))) {
+                self.gate.allow(usize::MAX);
+                self.started_all = true;
+            }
         }
+        out
     }
 }
 
@@ -398,7 +406,7 @@ impl Drop for Prefetcher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         // Threads still waiting to start see the stop flag at their first send.
-        self.gate.open();
+        self.gate.allow(usize::MAX);
     }
 }
 
