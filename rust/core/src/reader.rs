@@ -13,9 +13,7 @@ use std::fs::File;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, RowSelector,
-};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelector};
 
 use crate::catalog::{ipc, Catalog, Shard};
 use crate::decode;
@@ -241,15 +239,9 @@ fn open_parquet_row_group(
         );
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
-    decode::open_local_row_group(
-        meta,
-        row_group,
-        roots,
-        selection,
-        batch_rows,
-        file,
-        |e| Error::shard(&shard.path, format!("row group {row_group}: {e}")),
-    )
+    decode::open_local_row_group(meta, row_group, roots, selection, batch_rows, file, |e| {
+        Error::shard(&shard.path, format!("row group {row_group}: {e}"))
+    })
 }
 
 /// `ranges` of a local file. The file was opened for this piece alone, so its position is ours

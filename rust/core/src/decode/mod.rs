@@ -451,7 +451,9 @@ pub(crate) fn open_local_row_group(
     let rest = if rest_roots.is_empty() {
         None
     } else {
-        let f = file.try_clone().map_err(|e| bad(ParquetError::External(Box::new(e))))?;
+        let f = file
+            .try_clone()
+            .map_err(|e| bad(ParquetError::External(Box::new(e))))?;
         Some(
             parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::new_with_metadata(
                 f,

@@ -512,7 +512,11 @@ fn check_file(
             let rows = m.metadata().row_group(rg).num_rows() as usize;
             // everything selected, then a random selection over a random subset of columns
             fast += compare(file, m, rg, &all, &[RowSelector::select(rows)], batch);
-            let roots: Vec<usize> = all.iter().copied().filter(|_| rng.random_bool(0.5)).collect();
+            let roots: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|_| rng.random_bool(0.5))
+                .collect();
             if !roots.is_empty() {
                 let sel = selection(&mut rng, rows);
                 compare(file, m, rg, &roots, &sel, batch);
@@ -569,7 +573,10 @@ fn plans() {
     .unwrap();
     assert!(no_index.metadata().offset_index().is_none());
     assert!(plan_root(&no_index, 0, 2).is_some_and(|p| !p.indexed));
-    assert!(plan_root(&no_index, 0, 0).is_none(), "delta stays with arrow-rs");
+    assert!(
+        plan_root(&no_index, 0, 0).is_none(),
+        "delta stays with arrow-rs"
+    );
     assert!(plan_root(&m, 0, 2).is_some_and(|p| p.indexed));
 }
 
@@ -816,7 +823,9 @@ fn rle(levels: &[u32], width: u32, packed: &mut impl FnMut() -> bool) -> Vec<u8>
     let mut i = 0;
     while i < levels.len() {
         if packed() {
-            let group: Vec<u32> = (0..8).map(|k| levels.get(i + k).copied().unwrap_or(0)).collect();
+            let group: Vec<u32> = (0..8)
+                .map(|k| levels.get(i + k).copied().unwrap_or(0))
+                .collect();
             varint(&mut out, (1 << 1) | 1);
             let mut bits = vec![0u8; width as usize];
             for (k, v) in group.iter().enumerate() {
