@@ -682,9 +682,10 @@ def status(msg: str) -> None:
     print(f"# {msg}", file=sys.stderr, flush=True)
 
 
-def ensure_data(root: str, rows: int, shards: int) -> str:
+def ensure_data(root: str, rows: int, shards: int, page_index: bool = True) -> str:
     """Generate (once) and return the data directory for this size: datagen's shards
-    (uneven row groups) with a float64 `score` column added to every row group."""
+    (uneven row groups) with a float64 `score` column added to every row group; without
+    `page_index`, pyarrow's default files (no page index) in a directory of their own."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -695,11 +696,11 @@ def ensure_data(root: str, rows: int, shards: int) -> str:
         "shards": shards,
         "tokens_len": list(TOKENS_LEN),
         "compression": "zstd",
-        "page_index": True,
+        "page_index": page_index,
         "score": "float64",
         "v": 2,
     }
-    d = os.path.join(root, f"rows{rows}-shards{shards}")
+    d = os.path.join(root, f"rows{rows}-shards{shards}" + ("" if page_index else "-nopi"))
     marker = os.path.join(d, "params.json")
     if os.path.exists(marker):
         with open(marker) as f:
@@ -717,7 +718,7 @@ def ensure_data(root: str, rows: int, shards: int) -> str:
         rows_per_shard=per,
         tokens_len=TOKENS_LEN,
         compression="zstd",
-        page_index=True,
+        page_index=page_index,
         seed=0,
     )
     mix = np.uint64(0x9E3779B97F4A7C15)
@@ -725,7 +726,7 @@ def ensure_data(root: str, rows: int, shards: int) -> str:
         src = pq.ParquetFile(path)
         schema = src.schema_arrow.append(pa.field("score", pa.float64(), nullable=False))
         tmp = path + ".tmp"
-        with pq.ParquetWriter(tmp, schema, compression="zstd", write_page_index=True) as w:
+        with pq.ParquetWriter(tmp, schema, compression="zstd", write_page_index=page_index) as w:
             for g in range(src.metadata.num_row_groups):
                 t_g = src.read_row_group(g)
                 ids = t_g.column("id").to_numpy().astype(np.uint64)
@@ -1719,6 +1720,11 @@ def main(argv: list[str] | None = None) -> int:
         help="start every run in a new interpreter (default: fork it from a server process "
         "that imported pyarrow, torch and shardstream once and ran nothing else)",
     )
+    ap.add_argument(
+        "--no-page-index",
+        action="store_true",
+        help="data written without a page index (pyarrow's default; a separate data dir)",
+    )
     ap.add_argument("--json", default=None, help="also write raw results to this file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     raw = list(sys.argv[1:] if argv is None else argv)
@@ -1742,7 +1748,7 @@ def main(argv: list[str] | None = None) -> int:
     which = args.only
     t_all = time.perf_counter()
     load_start = benchlib.load1()
-    data = ensure_data(args.data_root, args.rows, args.shards)
+    data = ensure_data(args.data_root, args.rows, args.shards, not args.no_page_index)
     warm_cache(data)
     size_mb = sum(os.path.getsize(p) for p in shard_files(data)) / 2**20
     b = Bench(args, data)

@@ -13,10 +13,7 @@ use std::fs::File;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ParquetRecordBatchReaderBuilder, RowSelection, RowSelector,
-};
-use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelector};
 
 use crate::catalog::{ipc, Catalog, Shard};
 use crate::decode;
@@ -252,17 +249,9 @@ fn open_parquet_row_group(
         );
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
-        .with_row_groups(vec![row_group])
-        .with_projection(ProjectionMask::roots(
-            meta.parquet_schema(),
-            roots.iter().copied(),
-        ))
-        .with_row_selection(RowSelection::from(selection))
-        .with_batch_size(batch_rows.max(1))
-        .build()
-        .map_err(|e| Error::shard(&shard.path, format!("row group {row_group}: {e}")))?;
-    Ok(decode::Batches::arrow_rs(reader, roots.len()))
+    decode::open_local_row_group(meta, row_group, roots, selection, batch_rows, file, |e| {
+        Error::shard(&shard.path, format!("row group {row_group}: {e}"))
+    })
 }
 
 /// `ranges` of a local file. The file was opened for this piece alone, so its position is ours

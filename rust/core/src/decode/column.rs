@@ -70,11 +70,18 @@ pub(crate) struct Column<K: Kind> {
     list_nulls: Option<BooleanBufferBuilder>,
     /// Values in the last finished batch: the next one reserves as many.
     last_len: usize,
+    /// Pages may end inside a row (no offset index says otherwise: data page v1 writers such as
+    /// parquet-cpp without a page index cut pages by level count).
+    split: bool,
+    /// Lists: a row has started and not yet been seen to end, so with `split` the next page may
+    /// continue it.
+    in_row: bool,
     _kind: PhantomData<K>,
 }
 
 impl<K: Kind> Column<K> {
-    pub(crate) fn new(shape: Shape, pages: Box<dyn PageReader>) -> Self {
+    /// `split`: pages may end inside a row (see the field).
+    pub(crate) fn new(shape: Shape, pages: Box<dyn PageReader>, split: bool) -> Self {
         Column {
             shape,
             pages,
@@ -85,6 +92,8 @@ impl<K: Kind> Column<K> {
             starts: Vec::new(),
             list_nulls: None,
             last_len: 0,
+            split,
+            in_row: false,
             _kind: PhantomData,
         }
     }
@@ -96,8 +105,14 @@ impl<K: Kind> Column<K> {
         loop {
             if *skip > 0 {
                 if let Some(m) = self.pages.peek_next_page()? {
-                    if let Some(rows) = m.num_rows.filter(|&r| !m.is_dict && r <= *skip) {
+                    // A v1 page header has no row count; without repetition its levels are rows
+                    // (arrow-rs skips by the same rule). A v2 page starts a row (the spec).
+                    let rows = m
+                        .num_rows
+                        .or(m.num_levels.filter(|_| self.shape.max_rep == 0));
+                    if let Some(rows) = rows.filter(|&r| !m.is_dict && r <= *skip) {
                         self.pages.skip_next_page()?;
+                        self.in_row = false;
                         *skip -= rows;
                         if *skip == 0 {
                             return Ok(true);
@@ -180,7 +195,7 @@ impl<K: Kind> Column<K> {
                 def,
                 levels: num_values as usize,
                 values,
-                fresh: true,
+                fresh: !(self.split && self.in_row),
             });
             return Ok(true);
         }
@@ -190,20 +205,23 @@ impl<K: Kind> Column<K> {
     fn rows<const KEEP: bool>(&mut self, mut rows: usize) -> Result<()> {
         loop {
             if self.page.as_ref().is_none_or(|p| p.levels == 0) {
-                // Pages start at row boundaries (the offset index requires it), so a finished
-                // page finishes its last row.
-                if rows == 0 {
+                // With an offset index pages start at row boundaries, so a finished page
+                // finishes its last row; otherwise the next page may continue it.
+                if rows == 0 && !(self.split && self.in_row) {
                     return Ok(());
                 }
                 let mut skippable = if KEEP { 0 } else { rows };
                 let loaded = self.next_page(&mut skippable)?;
                 if !KEEP {
                     rows = skippable;
-                    if rows == 0 {
+                    if rows == 0 && !(self.split && self.in_row) {
                         return Ok(());
                     }
                 }
                 if !loaded {
+                    if rows == 0 {
+                        return Ok(());
+                    }
                     return Err(err(format!("column ended {rows} rows early")));
                 }
             }
@@ -302,6 +320,7 @@ impl<K: Kind> Column<K> {
             item_nulls,
             starts,
             list_nulls,
+            in_row,
             ..
         } = self;
         let p = page.as_mut().expect("a page is loaded");
@@ -351,6 +370,7 @@ impl<K: Kind> Column<K> {
                                 break;
                             }
                             *rows -= 1;
+                            *in_row = true;
                             if KEEP {
                                 starts.push(values.len() + pending);
                                 let valid = d >= list_def;

@@ -8,6 +8,10 @@
 //! It stands on parquet's public page API (`SerializedPageReader`: page headers, decompression,
 //! offset index) and takes only what it can decode exactly as arrow-rs does — see [`plan_root`];
 //! every other column of the row group is read by arrow-rs in the same batches ([`Batches`]).
+//! With an offset index only the pages holding selected rows are read ([`open_row_group`]);
+//! without one a chunk's pages are read in order from its start, from a local file page by page
+//! ([`open_local_row_group`]) or fetched whole from an object store, and rows before a selection
+//! are skipped by decoding their levels.
 
 mod column;
 mod rle;
@@ -45,12 +49,14 @@ pub(crate) struct Plan {
     pub leaf: usize,
     kind: KindId,
     shape: Shape,
+    /// The chunk has a sound offset index (else its pages are read in order from its start).
+    indexed: bool,
 }
 
 /// The fast path for root column `root` of row group `rg`, if it applies: one leaf, an arrow type
 /// that is a supported primitive (see [`KindId::of`]) or a `List`/`LargeList` of one, levels that
-/// match that type exactly, only PLAIN / dictionary values with RLE levels, and a sound offset
-/// index for the chunk (so pages can be skipped and each starts a row).
+/// match that type exactly, only PLAIN / dictionary values with RLE levels, and an offset index
+/// for the chunk that is sound (so pages can be skipped and each starts a row) or none at all.
 pub(crate) fn plan_root(meta: &ArrowReaderMetadata, rg: usize, root: usize) -> Option<Plan> {
     let descr = meta.parquet_schema();
     let mut leaves = (0..descr.num_columns()).filter(|&c| descr.get_column_root_idx(c) == root);
@@ -105,8 +111,21 @@ pub(crate) fn plan_root(meta: &ArrowReaderMetadata, rg: usize, root: usize) -> O
     if !chunk.encodings().all(ok) || chunk.column_type() != col.physical_type() {
         return None;
     }
-    pages_of(meta, rg, leaf)?;
-    Some(Plan { leaf, kind, shape })
+    let listed = md
+        .offset_index()
+        .and_then(|oi| oi.get(rg))
+        .and_then(|c| c.get(leaf))
+        .is_some_and(|c| !c.page_locations().is_empty());
+    let indexed = pages_of(meta, rg, leaf).is_some();
+    if listed && !indexed {
+        return None;
+    }
+    Some(Plan {
+        leaf,
+        kind,
+        shape,
+        indexed,
+    })
 }
 
 /// The page locations of `leaf` in row group `rg` if they are usable: the first page starts at
@@ -138,15 +157,20 @@ fn pages_of(
 
 /// Byte ranges to fetch for `plan` given the rows `selected` (sorted, disjoint, relative to the
 /// row group): the dictionary page (its own range, as the object-store cache keys it) and the
-/// data pages holding any selected row, adjacent pages merged.
+/// data pages holding any selected row, adjacent pages merged. Without an offset index: the
+/// whole chunk if any row is selected (as arrow-rs's own push decoder fetches it).
 pub(crate) fn page_ranges(
     meta: &ArrowReaderMetadata,
     rg: usize,
     plan: &Plan,
     selected: &[Range<u64>],
 ) -> (Option<Range<u64>>, Vec<Range<u64>>) {
-    let pages = pages_of(meta, rg, plan.leaf).expect("checked by plan_root");
     let md = meta.metadata();
+    let Some(pages) = pages_of(meta, rg, plan.leaf) else {
+        let (start, len) = md.row_group(rg).column(plan.leaf).byte_range();
+        let whole = (!selected.is_empty() && len > 0).then(|| start..start + len);
+        return (None, whole.into_iter().collect());
+    };
     let (start, _) = md.row_group(rg).column(plan.leaf).byte_range();
     let rows = md.row_group(rg).num_rows() as u64;
     // SerializedPageReader's rule: bytes before the first data page are the dictionary page.
@@ -238,20 +262,19 @@ impl ChunkReader for Fetched {
     }
 }
 
-/// A decoder for `plan`'s column over pages in `data`.
-pub(crate) fn open_column(
+/// A decoder for `plan`'s column over pages in `data` (with an offset index, the pages it lists;
+/// without, every page from the chunk start, read one at a time as decoding needs it).
+pub(crate) fn open_column<R: ChunkReader + 'static>(
     meta: &ArrowReaderMetadata,
     rg: usize,
     plan: &Plan,
-    data: Arc<Fetched>,
+    data: Arc<R>,
 ) -> Result<Box<dyn ColumnRead>> {
     let md = meta.metadata();
     let chunk = md.row_group(rg).column(plan.leaf);
-    let pages = pages_of(meta, rg, plan.leaf)
-        .expect("checked by plan_root")
-        .to_vec();
+    let pages = pages_of(meta, rg, plan.leaf).map(<[_]>::to_vec);
     let rows = md.row_group(rg).num_rows() as usize;
-    let reader = Box::new(SerializedPageReader::new(data, chunk, rows, Some(pages))?);
+    let reader = Box::new(SerializedPageReader::new(data, chunk, rows, pages)?);
     Ok(column_over(plan, reader))
 }
 
@@ -259,17 +282,18 @@ pub(crate) fn open_column(
 fn column_over(plan: &Plan, pages: Box<dyn PageReader>) -> Box<dyn ColumnRead> {
     use values as v;
     let shape = plan.shape.clone();
+    let split = !plan.indexed;
     match plan.kind {
-        KindId::I32 => Box::new(Column::<v::I32>::new(shape, pages)),
-        KindId::I32AsI8 => Box::new(Column::<v::I32AsI8>::new(shape, pages)),
-        KindId::I32AsI16 => Box::new(Column::<v::I32AsI16>::new(shape, pages)),
-        KindId::I32AsU8 => Box::new(Column::<v::I32AsU8>::new(shape, pages)),
-        KindId::I32AsU16 => Box::new(Column::<v::I32AsU16>::new(shape, pages)),
-        KindId::I32AsU32 => Box::new(Column::<v::I32AsU32>::new(shape, pages)),
-        KindId::I64 => Box::new(Column::<v::I64>::new(shape, pages)),
-        KindId::I64AsU64 => Box::new(Column::<v::I64AsU64>::new(shape, pages)),
-        KindId::F32 => Box::new(Column::<v::F32>::new(shape, pages)),
-        KindId::F64 => Box::new(Column::<v::F64>::new(shape, pages)),
+        KindId::I32 => Box::new(Column::<v::I32>::new(shape, pages, split)),
+        KindId::I32AsI8 => Box::new(Column::<v::I32AsI8>::new(shape, pages, split)),
+        KindId::I32AsI16 => Box::new(Column::<v::I32AsI16>::new(shape, pages, split)),
+        KindId::I32AsU8 => Box::new(Column::<v::I32AsU8>::new(shape, pages, split)),
+        KindId::I32AsU16 => Box::new(Column::<v::I32AsU16>::new(shape, pages, split)),
+        KindId::I32AsU32 => Box::new(Column::<v::I32AsU32>::new(shape, pages, split)),
+        KindId::I64 => Box::new(Column::<v::I64>::new(shape, pages, split)),
+        KindId::I64AsU64 => Box::new(Column::<v::I64AsU64>::new(shape, pages, split)),
+        KindId::F32 => Box::new(Column::<v::F32>::new(shape, pages, split)),
+        KindId::F64 => Box::new(Column::<v::F64>::new(shape, pages, split)),
     }
 }
 
@@ -399,6 +423,67 @@ pub(crate) fn open_row_group(
     Ok(Batches::new(columns, rest, selection, batch_rows))
 }
 
+/// Open row group `rg` of a local file without an offset index (or with any columns lacking
+/// one) for the projected root columns `roots` (sorted) under `selection`: the fast columns read
+/// their pages from `file` one at a time as they decode (so memory holds about a page per column,
+/// as with arrow-rs's reader over a file), the others through arrow-rs's reader over the same
+/// file. `bad` turns a decoder error into the caller's error.
+pub(crate) fn open_local_row_group(
+    meta: &ArrowReaderMetadata,
+    rg: usize,
+    roots: &[usize],
+    selection: Vec<RowSelector>,
+    batch_rows: usize,
+    file: std::fs::File,
+    bad: impl Fn(ParquetError) -> crate::Error,
+) -> crate::Result<Batches> {
+    let plans: Vec<Option<Plan>> = roots.iter().map(|&r| plan_root(meta, rg, r)).collect();
+    let rest_roots: Vec<usize> = roots
+        .iter()
+        .zip(&plans)
+        .filter(|(_, p)| p.is_none())
+        .map(|(&r, _)| r)
+        .collect();
+    let descr = meta.parquet_schema();
+    // Every read of a `File` chunk reader seeks first and no reader outlives a page, so the
+    // decoders and arrow-rs share one descriptor (all on the thread that takes the batches).
+    let file = Arc::new(file);
+    let rest = if rest_roots.is_empty() {
+        None
+    } else {
+        let f = file
+            .try_clone()
+            .map_err(|e| bad(ParquetError::External(Box::new(e))))?;
+        Some(
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::new_with_metadata(
+                f,
+                meta.clone(),
+            )
+            .with_row_groups(vec![rg])
+            .with_projection(ProjectionMask::roots(descr, rest_roots.iter().copied()))
+            .with_row_selection(RowSelection::from(selection.clone()))
+            .with_batch_size(batch_rows.max(1))
+            .build()
+            .map_err(&bad)?,
+        )
+    };
+    let mut k = 0;
+    let mut columns = Vec::with_capacity(roots.len());
+    for plan in &plans {
+        columns.push(match plan {
+            Some(p) => {
+                let name = descr.column(p.leaf).path().string();
+                Ok((name, open_column(meta, rg, p, file.clone()).map_err(&bad)?))
+            }
+            None => {
+                k += 1;
+                Err(k - 1)
+            }
+        });
+    }
+    Ok(Batches::new(columns, rest, selection, batch_rows))
+}
+
 /// A projected column as [`Batches::new`] takes it: a named fast decoder, or `Err(k)` for column
 /// `k` of the arrow-rs reader's batches.
 pub(crate) type ColumnSource = std::result::Result<(String, Box<dyn ColumnRead>), usize>;
@@ -426,19 +511,6 @@ pub(crate) struct Batches {
 }
 
 impl Batches {
-    /// Every column from arrow-rs.
-    pub(crate) fn arrow_rs(reader: ParquetRecordBatchReader, columns: usize) -> Self {
-        Batches {
-            from: (0..columns).map(Origin::Rest).collect(),
-            fast: Vec::new(),
-            rest: Some(reader),
-            selection: VecDeque::new(),
-            left: usize::MAX,
-            batch_rows: 0,
-            next_rows: 0,
-        }
-    }
-
     /// Make the first batch `rows` rows (then `batch_rows` each) where every column is decoded
     /// here; arrow-rs cuts its own batches.
     pub(crate) fn with_first_batch(mut self, rows: usize) -> Self {

@@ -260,6 +260,8 @@ struct Settings {
     /// BYTE_STREAM_SPLIT for floats, or the writer's default (for v2 pages: delta for integers).
     encoding: u8,
     compression: u8,
+    /// Write the page index (offset index); pyarrow's default is not to.
+    page_index: bool,
 }
 
 fn settings() -> impl Strategy<Value = Settings> {
@@ -279,6 +281,7 @@ fn settings() -> impl Strategy<Value = Settings> {
                 row_group,
                 encoding,
                 compression,
+                page_index: true,
             },
         )
 }
@@ -299,6 +302,12 @@ fn write(batch: &RecordBatch, s: &Settings) -> Bytes {
             1 => Compression::SNAPPY,
             _ => Compression::ZSTD(Default::default()),
         });
+    if !s.page_index {
+        // Page statistics would bring the offset index back with the column index.
+        p = p
+            .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Chunk)
+            .set_offset_index_disabled(true);
+    }
     if s.encoding == 0 {
         p = p.set_encoding(Encoding::PLAIN);
     }
@@ -335,9 +344,17 @@ fn meta(file: &Bytes) -> ArrowReaderMetadata {
     ArrowReaderMetadata::load(
         file,
         ArrowReaderOptions::new()
-            .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Required),
+            .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional),
     )
     .unwrap()
+}
+
+/// `file` as a local file (its name already removed), for [`open_local_row_group`].
+fn local(file: &Bytes) -> std::fs::File {
+    use std::io::Write;
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(file).unwrap();
+    f
 }
 
 /// Random selectors covering `rows` rows.
@@ -395,7 +412,7 @@ fn compare(
             .unwrap()
             .collect::<std::result::Result<_, _>>()
             .unwrap();
-    let mut ours = open_row_group(
+    let pushed = open_row_group(
         m,
         rg,
         roots,
@@ -406,6 +423,31 @@ fn compare(
         bad,
     )
     .unwrap();
+    let indexed = m.metadata().offset_index().is_some();
+    // Without an offset index a local file is read page by page (the fetched path reads whole
+    // chunks): both must match arrow-rs.
+    let streamed = (!indexed).then(|| {
+        open_local_row_group(m, rg, roots, sel.to_vec(), batch, local(file), bad).unwrap()
+    });
+    for ours in std::iter::once(pushed).chain(streamed) {
+        same_as(ours, &expected, m, rg, roots, sel, batch);
+    }
+    roots
+        .iter()
+        .filter(|&&r| plan_root(m, rg, r).is_some())
+        .count()
+}
+
+/// `ours`'s batches hold `expected`'s rows, column by column, in batches of at most `batch`.
+fn same_as(
+    mut ours: Batches,
+    expected: &[RecordBatch],
+    m: &ArrowReaderMetadata,
+    rg: usize,
+    roots: &[usize],
+    sel: &[RowSelector],
+    batch: usize,
+) {
     let mut got: Vec<Vec<ArrayRef>> = Vec::new();
     while let Some((n, cols)) = ours.next_batch().unwrap() {
         assert!(n <= batch && n > 0);
@@ -428,14 +470,11 @@ fn compare(
         assert_eq!(
             want.as_ref().map(|a| a.to_data()),
             have.as_ref().map(|a| a.to_data()),
-            "column {} of row group {rg}, selection {sel:?}, batch {batch}",
-            m.schema().field(root).name()
+            "column {} of row group {rg}, selection {sel:?}, batch {batch}, offset index {}",
+            m.schema().field(root).name(),
+            m.metadata().offset_index().is_some()
         );
     }
-    roots
-        .iter()
-        .filter(|&&r| plan_root(m, rg, r).is_some())
-        .count()
 }
 
 proptest! {
@@ -445,19 +484,42 @@ proptest! {
     fn equals_arrow_rs(seed in any::<u64>(), n in 0usize..700, nulls in prop_oneof![Just(0.0), Just(0.1), Just(0.5), Just(1.0)],
                        s in settings(), batch in 1usize..300) {
         let data = table(seed, n, nulls);
-        let file = write(&data, &s);
-        let m = meta(&file);
+        // The same data with and without a page index, under the same selections.
+        for page_index in [true, false] {
+            let s = Settings { page_index, ..s.clone() };
+            let file = write(&data, &s);
+            let m = meta(&file);
+            prop_assert_eq!(m.metadata().offset_index().is_some(), page_index && n > 0);
+            check_file(&file, &m, &s, seed, batch)?;
+        }
+    }
+}
+
+/// [`equals_arrow_rs`] for one written file.
+fn check_file(
+    file: &Bytes,
+    m: &ArrowReaderMetadata,
+    s: &Settings,
+    seed: u64,
+    batch: usize,
+) -> std::result::Result<(), TestCaseError> {
+    let (file, m) = (file, m);
+    {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
         let all: Vec<usize> = (0..COLUMNS.len()).collect();
         let mut fast = 0;
         for rg in 0..m.metadata().num_row_groups() {
             let rows = m.metadata().row_group(rg).num_rows() as usize;
             // everything selected, then a random selection over a random subset of columns
-            fast += compare(&file, &m, rg, &all, &[RowSelector::select(rows)], batch);
-            let roots: Vec<usize> = all.iter().copied().filter(|_| rng.random_bool(0.5)).collect();
+            fast += compare(file, m, rg, &all, &[RowSelector::select(rows)], batch);
+            let roots: Vec<usize> = all
+                .iter()
+                .copied()
+                .filter(|_| rng.random_bool(0.5))
+                .collect();
             if !roots.is_empty() {
                 let sel = selection(&mut rng, rows);
-                compare(&file, &m, rg, &roots, &sel, batch);
+                compare(file, m, rg, &roots, &sel, batch);
             }
         }
         // The fast path is not vacuous: with plain or dictionary encodings it takes its columns.
@@ -466,6 +528,7 @@ proptest! {
             prop_assert_eq!(fast, want);
         }
     }
+    Ok(())
 }
 
 #[test]
@@ -479,6 +542,7 @@ fn plans() {
             row_group: 50,
             encoding: 0,
             compression: 1,
+            page_index: true,
         },
     );
     let m = meta(&file);
@@ -495,6 +559,7 @@ fn plans() {
             row_group: 50,
             encoding: 1,
             compression: 0,
+            page_index: true,
         },
     );
     let m = meta(&file);
@@ -506,7 +571,13 @@ fn plans() {
             .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Skip),
     )
     .unwrap();
-    assert!(plan_root(&no_index, 0, 2).is_none());
+    assert!(no_index.metadata().offset_index().is_none());
+    assert!(plan_root(&no_index, 0, 2).is_some_and(|p| !p.indexed));
+    assert!(
+        plan_root(&no_index, 0, 0).is_none(),
+        "delta stays with arrow-rs"
+    );
+    assert!(plan_root(&m, 0, 2).is_some_and(|p| p.indexed));
 }
 
 #[test]
@@ -522,8 +593,8 @@ fn lists_by_hand() {
     }
     let a: ArrayRef = Arc::new(b.finish());
     let batch = RecordBatch::try_from_iter([("l", a)]).unwrap();
-    for v2 in [false, true] {
-        for dictionary in [false, true] {
+    for (v2, dictionary, page_index) in (0..8).map(|i| (i & 1 > 0, i & 2 > 0, i & 4 > 0)) {
+        {
             let s = Settings {
                 dictionary,
                 v2,
@@ -531,9 +602,11 @@ fn lists_by_hand() {
                 row_group: 1000,
                 encoding: 0,
                 compression: 0,
+                page_index,
             };
             let file = write(&batch, &s);
             let m = meta(&file);
+            assert_eq!(m.metadata().offset_index().is_some(), page_index);
             assert!(plan_root(&m, 0, 0).is_some());
             for sel in [
                 vec![RowSelector::select(74)],
@@ -560,7 +633,7 @@ fn flat_by_hand() {
     let b: ArrayRef = Arc::new(Float64Array::from_iter_values((0..500).map(|i| i as f64)));
     let c: ArrayRef = Arc::new(Int32Array::from_iter_values(0..500));
     let batch = RecordBatch::try_from_iter([("a", a), ("b", b), ("c", c)]).unwrap();
-    for dictionary in [false, true] {
+    for (dictionary, page_index) in [(false, true), (true, true), (false, false), (true, false)] {
         let s = Settings {
             dictionary,
             v2: false,
@@ -568,6 +641,7 @@ fn flat_by_hand() {
             row_group: 300,
             encoding: 0,
             compression: 2,
+            page_index,
         };
         let file = write(&batch, &s);
         let m = meta(&file);
@@ -647,7 +721,7 @@ proptest! {
                                  flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
                                  cut in any::<prop::sample::Index>(), how in 0u8..3) {
         let data = table(seed, 80, 0.2);
-        let s = Settings { dictionary, v2, page_rows: 20, row_group: 1000, encoding: 0, compression: 0 };
+        let s = Settings { dictionary, v2, page_rows: 20, row_group: 1000, encoding: 0, compression: 0, page_index: true };
         let file = write(&data, &s);
         let m = meta(&file);
         let Some(plan) = plan_root(&m, 0, root) else { return Ok(()) };
@@ -694,6 +768,7 @@ fn first_batch_realigns_then_full_batches() {
         row_group: 300,
         encoding: 0,
         compression: 0,
+        page_index: true,
     };
     let file = write(&batch, &s);
     let m = meta(&file);
@@ -732,4 +807,151 @@ fn first_batch_realigns_then_full_batches() {
         ]
     );
     assert_eq!(sizes(open()).first(), Some(&(50, 10)));
+}
+
+/// A level section (RLE hybrid) for `levels`: runs of equal levels as repeated runs, and where
+/// `packed` says so, groups of 8 bit-packed (the last padded, as writers do).
+fn rle(levels: &[u32], width: u32, packed: &mut impl FnMut() -> bool) -> Vec<u8> {
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < levels.len() {
+        if packed() {
+            let group: Vec<u32> = (0..8)
+                .map(|k| levels.get(i + k).copied().unwrap_or(0))
+                .collect();
+            varint(&mut out, (1 << 1) | 1);
+            let mut bits = vec![0u8; width as usize];
+            for (k, v) in group.iter().enumerate() {
+                for b in 0..width as usize {
+                    if v >> b & 1 == 1 {
+                        let at = k * width as usize + b;
+                        bits[at / 8] |= 1 << (at % 8);
+                    }
+                }
+            }
+            out.extend(bits);
+            i += 8;
+        } else {
+            let n = levels[i..].iter().take_while(|&&l| l == levels[i]).count();
+            varint(&mut out, (n as u64) << 1);
+            out.extend_from_slice(&levels[i].to_le_bytes()[..(width as usize).div_ceil(8)]);
+            i += n;
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Without an offset index pages may end inside a row (parquet-cpp's v1 pages without a page
+    /// index do): hand-made v1 pages cut at random levels, plain or dictionary values, read and
+    /// skipped at random, must give the source rows.
+    #[test]
+    fn rows_across_pages(seed in any::<u64>(), n in 1usize..150, nulls in prop_oneof![Just(0.0), Just(0.2)],
+                         max_page in 1usize..40, dictionary in any::<bool>()) {
+        let mut g = Gen { rng: ChaCha8Rng::seed_from_u64(seed), nulls };
+        let src = g.list::<i32, arrow_array::types::Int32Type>(n, true, true, 25, |r| r.range(0, 9) as i32);
+        let src = src.as_any().downcast_ref::<arrow_array::ListArray>().unwrap().clone();
+        // levels and present values
+        let (mut rep, mut def, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+        for row in 0..n {
+            if src.is_null(row) {
+                rep.push(0);
+                def.push(0);
+                continue;
+            }
+            let items = src.value(row);
+            let items = items.as_any().downcast_ref::<Int32Array>().unwrap();
+            if items.is_empty() {
+                rep.push(0);
+                def.push(1);
+            }
+            for k in 0..items.len() {
+                rep.push(u32::from(k > 0));
+                if items.is_null(k) {
+                    def.push(2);
+                } else {
+                    def.push(3);
+                    vals.push(items.value(k));
+                }
+            }
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 1);
+        let mut packed = move || rng.random_bool(0.3);
+        let mut ps = std::collections::VecDeque::new();
+        if dictionary {
+            let dict: Vec<u8> = (0..9i32).flat_map(|v| v.to_le_bytes()).collect();
+            ps.push_back(Page::DictionaryPage { buf: Bytes::from(dict), num_values: 9, encoding: Encoding::PLAIN, is_sorted: false });
+        }
+        let mut at = 0;
+        let mut val_at = 0;
+        let mut cut = ChaCha8Rng::seed_from_u64(seed ^ 2);
+        let mut splits_inside_a_row = 0;
+        while at < rep.len() {
+            let end = (at + cut.range(1, max_page as i64 + 1) as usize).min(rep.len());
+            splits_inside_a_row += usize::from(end < rep.len() && rep[end] == 1);
+            let present = def[at..end].iter().filter(|&&d| d == 3).count();
+            let mut buf = Vec::new();
+            for (levels, width) in [(&rep[at..end], 1), (&def[at..end], 2)] {
+                let section = rle(levels, width, &mut packed);
+                buf.extend((section.len() as u32).to_le_bytes());
+                buf.extend(section);
+            }
+            let page_vals = &vals[val_at..val_at + present];
+            let encoding = if dictionary {
+                let idx: Vec<u32> = page_vals.iter().map(|&v| v as u32).collect();
+                buf.push(4);
+                buf.extend(rle(&idx, 4, &mut packed));
+                Encoding::RLE_DICTIONARY
+            } else {
+                buf.extend(page_vals.iter().flat_map(|v| v.to_le_bytes()));
+                Encoding::PLAIN
+            };
+            ps.push_back(Page::DataPage {
+                buf: Bytes::from(buf),
+                num_values: (end - at) as u32,
+                encoding,
+                def_level_encoding: Encoding::RLE,
+                rep_level_encoding: Encoding::RLE,
+                statistics: None,
+            });
+            val_at += present;
+            at = end;
+        }
+        // the plan of a file of this type without an offset index
+        let batch = RecordBatch::try_from_iter_with_nullable([("l", Arc::new(src.clone()) as ArrayRef, true)]).unwrap();
+        prop_assert_eq!(batch.schema().field(0).data_type().clone(), src.data_type().clone());
+        let s = Settings { dictionary: false, v2: false, page_rows: 1000, row_group: 1000, encoding: 0, compression: 0, page_index: false };
+        let file = write(&batch, &s);
+        let plan = plan_root(&meta(&file), 0, 0).unwrap();
+        prop_assert_eq!((plan.shape.max_def, plan.shape.list_def), (3, 1));
+        prop_assert!(!plan.indexed);
+        let mut col = column_over(&plan, Box::new(Pages(ps)));
+        let mut ops = ChaCha8Rng::seed_from_u64(seed ^ 3);
+        let mut row = 0;
+        while row < n {
+            let k = ops.range(1, (n - row).min(40) as i64 + 1) as usize;
+            if ops.random_bool(0.4) {
+                col.skip(k).unwrap();
+            } else {
+                col.read(k).unwrap();
+                let got = col.finish().unwrap();
+                prop_assert_eq!(got.to_data(), src.slice(row, k).to_data(), "rows {}..{}", row, row + k);
+            }
+            row += k;
+        }
+        prop_assert!(col.read(1).is_err(), "reading past the end is an error");
+        // the cases do cut rows (not a vacuous test): most multi-page ones with long lists
+        if max_page < 10 && rep.len() > 100 {
+            prop_assert!(splits_inside_a_row > 0);
+        }
+    }
 }
