@@ -297,6 +297,23 @@ fn column_over(plan: &Plan, pages: Box<dyn PageReader>) -> Box<dyn ColumnRead> {
     }
 }
 
+/// The decoder's plan for each of `roots` in row group `rg` (`None`: arrow-rs reads it), and
+/// the roots arrow-rs reads.
+fn plans_of(
+    meta: &ArrowReaderMetadata,
+    rg: usize,
+    roots: &[usize],
+) -> (Vec<Option<Plan>>, Vec<usize>) {
+    let plans: Vec<Option<Plan>> = roots.iter().map(|&r| plan_root(meta, rg, r)).collect();
+    let rest = roots
+        .iter()
+        .zip(&plans)
+        .filter(|(_, p)| p.is_none())
+        .map(|(&r, _)| r)
+        .collect();
+    (plans, rest)
+}
+
 /// Open row group `rg` of a file for the projected root columns `roots` (sorted) under
 /// `selection`: the fast columns' pages and arrow-rs's ranges for the rest are fetched together
 /// (`fetch(ranges, dictionary_ranges)` returns one buffer per range; dictionary pages are asked
@@ -313,7 +330,7 @@ pub(crate) fn open_row_group(
     mut fetch: impl FnMut(Vec<Range<u64>>, &[Range<u64>]) -> crate::Result<Vec<Bytes>>,
     bad: impl Fn(ParquetError) -> crate::Error,
 ) -> crate::Result<Batches> {
-    let plans: Vec<Option<Plan>> = roots.iter().map(|&r| plan_root(meta, rg, r)).collect();
+    let (plans, rest_roots) = plans_of(meta, rg, roots);
     let selected = selected_rows(&selection);
     let mut mine = Vec::new();
     let mut dictionaries = Vec::new();
@@ -323,12 +340,6 @@ pub(crate) fn open_row_group(
         mine.extend(dict);
         mine.extend(data);
     }
-    let rest_roots: Vec<usize> = roots
-        .iter()
-        .zip(&plans)
-        .filter(|(_, p)| p.is_none())
-        .map(|(&r, _)| r)
-        .collect();
     // Dictionary pages of the arrow-rs columns too (bytes from the chunk start to its first
     // page): the decoder asks for each as its own range.
     let md = meta.metadata();
@@ -403,24 +414,31 @@ pub(crate) fn open_row_group(
     }
     let fetched =
         fetched.unwrap_or_else(|| Arc::new(Fetched::new(Vec::new(), Vec::new(), file_len)));
+    let columns = sources_of(&plans, descr, |p| {
+        open_column(meta, rg, p, fetched.clone()).map_err(&bad)
+    })?;
+    Ok(Batches::new(columns, rest, selection, batch_rows))
+}
+
+/// Each projected column's source: the fast decoder `open` makes for its plan, or its place
+/// among the arrow-rs reader's columns.
+fn sources_of(
+    plans: &[Option<Plan>],
+    descr: &parquet::schema::types::SchemaDescriptor,
+    mut open: impl FnMut(&Plan) -> crate::Result<Box<dyn ColumnRead>>,
+) -> crate::Result<Vec<ColumnSource>> {
     let mut k = 0;
-    let mut columns = Vec::with_capacity(roots.len());
-    for plan in &plans {
+    let mut columns = Vec::with_capacity(plans.len());
+    for plan in plans {
         columns.push(match plan {
-            Some(p) => {
-                let name = descr.column(p.leaf).path().string();
-                Ok((
-                    name,
-                    open_column(meta, rg, p, fetched.clone()).map_err(&bad)?,
-                ))
-            }
+            Some(p) => Ok((descr.column(p.leaf).path().string(), open(p)?)),
             None => {
                 k += 1;
                 Err(k - 1)
             }
         });
     }
-    Ok(Batches::new(columns, rest, selection, batch_rows))
+    Ok(columns)
 }
 
 /// Open row group `rg` of a local file without an offset index (or with any columns lacking
@@ -437,13 +455,7 @@ pub(crate) fn open_local_row_group(
     file: std::fs::File,
     bad: impl Fn(ParquetError) -> crate::Error,
 ) -> crate::Result<Batches> {
-    let plans: Vec<Option<Plan>> = roots.iter().map(|&r| plan_root(meta, rg, r)).collect();
-    let rest_roots: Vec<usize> = roots
-        .iter()
-        .zip(&plans)
-        .filter(|(_, p)| p.is_none())
-        .map(|(&r, _)| r)
-        .collect();
+    let (plans, rest_roots) = plans_of(meta, rg, roots);
     let descr = meta.parquet_schema();
     // Every read of a `File` chunk reader seeks first and no reader outlives a page, so the
     // decoders and arrow-rs share one descriptor (all on the thread that takes the batches).
@@ -467,20 +479,9 @@ pub(crate) fn open_local_row_group(
             .map_err(&bad)?,
         )
     };
-    let mut k = 0;
-    let mut columns = Vec::with_capacity(roots.len());
-    for plan in &plans {
-        columns.push(match plan {
-            Some(p) => {
-                let name = descr.column(p.leaf).path().string();
-                Ok((name, open_column(meta, rg, p, file.clone()).map_err(&bad)?))
-            }
-            None => {
-                k += 1;
-                Err(k - 1)
-            }
-        });
-    }
+    let columns = sources_of(&plans, descr, |p| {
+        open_column(meta, rg, p, file.clone()).map_err(&bad)
+    })?;
     Ok(Batches::new(columns, rest, selection, batch_rows))
 }
 

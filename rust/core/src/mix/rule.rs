@@ -888,6 +888,20 @@ mod tests {
         }
     }
 
+    /// A one-slot mixer at item 0 restored with these deficits (nothing taken yet).
+    fn restored_at(r: Arc<Rule>, deficits: &[i64]) -> Mixer {
+        let pos = MixerPos {
+            items: 0,
+            base: 0,
+            since: 0,
+            left: None,
+            deficits: deficits.iter().copied().map(Some).collect(),
+            block: None,
+            taken: vec![0; deficits.len()],
+        };
+        Mixer::restore(r, Slot::new(0, 1).unwrap(), &pos).unwrap()
+    }
+
     /// A restored position may hold deficits no run reaches: two sources due at the same item,
     /// so one deadline passes. A passed deadline counts as now, so at the next item it ties with
     /// a source due then and the lower index wins, as in the reference rule.
@@ -901,17 +915,8 @@ mod tests {
         let rest = -d.iter().sum::<i64>();
         d.extend([rest / 5; 4]);
         d.push(rest - 4 * (rest / 5));
-        let pos = MixerPos {
-            items: 0,
-            base: 0,
-            since: 0,
-            left: None,
-            deficits: d.into_iter().map(Some).collect(),
-            block: None,
-            taken: vec![0; 8],
-        };
         let r = rule(Schedule::constant(w), Mixing::Deterministic, 8, false);
-        let mut m = Mixer::restore(r, Slot::new(0, 1).unwrap(), &pos).unwrap();
+        let mut m = restored_at(r, &d);
         let mut avail = Avail {
             left: vec![u64::MAX; 8],
         };
@@ -941,17 +946,8 @@ mod tests {
         s.check(4, "w").unwrap();
         let u = UNIT as i64;
         let d = [6 * u / 10, 6 * u / 10, -6 * u / 10, -6 * u / 10];
-        let pos = MixerPos {
-            items: 0,
-            base: 0,
-            since: 0,
-            left: None,
-            deficits: d.into_iter().map(Some).collect(),
-            block: None,
-            taken: vec![0; 4],
-        };
         let r = rule(s, Mixing::Deterministic, 4, false);
-        let mut m = Mixer::restore(r, Slot::new(0, 1).unwrap(), &pos).unwrap();
+        let mut m = restored_at(r, &d);
         let avail = Avail {
             left: vec![u64::MAX; 4],
         };
