@@ -278,9 +278,10 @@ impl<'a> Costs<'a> {
     }
 }
 
-/// How many readahead threads may start fetching (thread `t` waits until more than `t` may):
-/// after a (re)start, only the threads whose pieces the consumer is waiting for, until it has
-/// received its first rows; then all. Only ever raised.
+/// How many pieces may be fetched (piece `i` waits until more than `i` may): after a (re)start,
+/// only the piece the consumer is waiting for, until it has received its first rows; then all.
+/// (Per piece, not per thread: a thread done with the first piece would otherwise fetch its
+/// next one, the largest of the ramp, while the consumer waits for the second.) Only raised.
 #[derive(Default)]
 struct Gate {
     allowed: Mutex<usize>,
@@ -296,9 +297,9 @@ impl Gate {
         }
     }
 
-    fn wait_for(&self, t: usize) {
+    fn wait_for(&self, piece: usize) {
         let mut allowed = self.allowed.lock().unwrap_or_else(|p| p.into_inner());
-        while *allowed <= t {
+        while *allowed <= piece {
             allowed = self.raised.wait(allowed).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -317,6 +318,8 @@ pub struct Prefetcher {
     received: usize,
     /// Rows after which every thread may start (a decoded batch: the first output batch).
     warm_rows: usize,
+    /// Index of the piece being consumed.
+    piece: usize,
 }
 
 impl Prefetcher {
@@ -337,13 +340,11 @@ impl Prefetcher {
             // Each thread walks the (cheap, lazy) piece sequence and decodes every `threads`-th.
             let mine = pieces.clone().skip(t).step_by(threads);
             let (catalog, stop) = (catalog.clone(), stop.clone());
-            let gate_ = gate.clone();
+            // Piece `t + k * threads` may be fetched once the gate allows it.
+            let order = (gate.clone(), t, threads);
             let spawned = std::thread::Builder::new()
                 .name(format!("shardstream-read-{t}"))
-                .spawn(move || {
-                    gate_.wait_for(t);
-                    decode_pieces(catalog, mine, tx, stop, batch_rows)
-                });
+                .spawn(move || decode_pieces(catalog, mine, tx, stop, batch_rows, order));
             if let Err(e) = spawned {
                 // Threads already started must not wait forever: they stop at their first send.
                 gate.allow(usize::MAX);
@@ -362,6 +363,7 @@ impl Prefetcher {
             started_all: false,
             received: 0,
             warm_rows: batch_rows.max(1),
+            piece: 0,
         })
     }
 
@@ -377,9 +379,10 @@ impl Prefetcher {
                 Ok(Msg::Batch(first, b)) => break Ok(Some((first, b))),
                 Ok(Msg::EndOfPiece) => {
                     self.next = (self.next + 1) % self.channels.len();
-                    // Still warming up: let just the next piece's thread start.
+                    self.piece += 1;
+                    // Still warming up: let just the piece now waited for be fetched.
                     if !self.started_all {
-                        self.gate.allow(self.next + 1);
+                        self.gate.allow(self.piece + 1);
                     }
                 }
                 Ok(Msg::Failed(e)) => break Err(e),
@@ -416,9 +419,14 @@ fn decode_pieces(
     tx: SyncSender<Msg>,
     stop: Arc<AtomicBool>,
     batch_rows: usize,
+    (gate, first, step): (Arc<Gate>, usize, usize),
 ) {
     let run = || -> Result<bool> {
-        for p in pieces {
+        for (k, p) in pieces.enumerate() {
+            gate.wait_for(first + k * step);
+            if stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
             let mut reader = SegmentReader::open(catalog.clone(), &p, batch_rows)?;
             while let Some((first, b)) = reader.next_batch()? {
                 if stop.load(Ordering::Relaxed) || tx.send(Msg::Batch(first, b)).is_err() {
