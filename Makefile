@@ -55,21 +55,36 @@ help: ## Show this help
 
 # --------------------------------------------------------------------------- setup
 
-$(BOOT_STAMP): pyproject.toml
+# The release extension is built as the release wheel is (the backend's -C release-wheel=true:
+# zig, manylinux2014, stripped), with the same cargo command, so `make test-wheel`'s wheel
+# build finds it built instead of compiling everything a second time for another linker.
+EDITABLE_INSTALL = $(PY) -m pip install $(PIP_FLAGS) --no-build-isolation -C release-wheel=true
+# What the backend asks for on top of maturin (ziglang, on glibc Linux): installed into the venv,
+# since builds here run without isolation (no download per build).
+define install_build_requires
+	@reqs=$$($(PY) -c 'import sys; sys.path.insert(0, "build_backend"); import shardstream_backend as b; print(*b.get_requires_for_build_wheel(), sep="\n")'); \
+	if [ -n "$$reqs" ]; then \
+	  mapfile -t r <<< "$$reqs"; echo ">>> build requirements: $${r[*]}"; \
+	  $(PY) -m pip install $(PIP_FLAGS) -q "$${r[@]}"; \
+	fi
+endef
+
+$(BOOT_STAMP): pyproject.toml build_backend/shardstream_backend.py
 	@echo ">>> bootstrap: $(VENV) (system site packages visible) + pip install -e '.[test]'"
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	@# maturin is the PEP 517 backend; having it in (or visible to) the venv lets us
-	@# build without an isolated build env and lets `make build` call it directly.
+	@# build without an isolated build env and lets `make build-dev` call it directly.
 	$(PY) -m pip install $(PIP_FLAGS) -q 'maturin>=1.9,<2'
-	$(PY) -m pip install $(PIP_FLAGS) --no-build-isolation -e '.[test]'
+	$(install_build_requires)
+	$(EDITABLE_INSTALL) -e '.[test]'
 	@touch $(EXT_STAMP) $@
 
 .PHONY: venv
 venv: $(BOOT_STAMP) ## Create .venv and install shardstream (editable) + test deps, once
 
 $(EXT_STAMP): $(BOOT_STAMP) $(RUST_SRC)
-	@echo ">>> maturin develop --release (rebuilding the Rust extension in place)"
-	VIRTUAL_ENV=$(VENV_ABS) $(MATURIN) develop --release --skip-install
+	@echo ">>> rebuilding the Rust extension in place (release, as the wheel is built)"
+	$(EDITABLE_INSTALL) --no-deps -e .
 	@touch $@
 
 .PHONY: build
@@ -178,15 +193,10 @@ WHEEL_BUILD_ARGS ?=
 export MATURIN_NO_MISSING_BUILD_BACKEND_WARNING := 1
 PIP_WHEEL = $(PY) -m pip wheel $(PIP_FLAGS) --no-build-isolation --no-deps -v \
             $(if $(WHEEL_BUILD_ARGS),--config-settings 'maturin.build-args=$(WHEEL_BUILD_ARGS)')
-# What the backend asks for on top of maturin (ziglang, on glibc Linux), installed into the venv
-# once per pyproject.toml change: builds here run without isolation (no download per build).
+# The backend's build requirements (ziglang), again if the backend changed.
 WHEEL_DEPS_STAMP := $(VENV)/.shardstream-wheel-deps
 $(WHEEL_DEPS_STAMP): $(BOOT_STAMP) build_backend/shardstream_backend.py
-	@reqs=$$($(PY) -c 'import sys; sys.path.insert(0, "build_backend"); import shardstream_backend as b; print(*b.get_requires_for_build_wheel(), sep="\n")'); \
-	if [ -n "$$reqs" ]; then \
-	  mapfile -t r <<< "$$reqs"; echo ">>> wheel build requirements: $${r[*]}"; \
-	  $(PY) -m pip install $(PIP_FLAGS) -q "$${r[@]}"; \
-	fi
+	$(install_build_requires)
 	@touch $@
 # What test-wheel runs against the installed wheel: what the wheel's own build (zig linker,
 # manylinux2014, stripped) could change -- the API over every codec and format, the CLI entry
@@ -216,9 +226,9 @@ sdist: $(BOOT_STAMP) ## Build the source distribution into dist/ (maturin sdist)
 	@ls -l $(DIST_DIR)/shardstream-*.tar.gz
 
 # test-wheel builds exactly `make wheel`'s wheel (same command and cargo target, so either one
-# reuses the other's build). The zig-linked build cannot reuse the development build's artifacts
-# (another linker, C compiler and cargo --target): the first one compiles everything (640 CPU-s;
-# 21 min wall on 2 busy cores, load 5-6), later ones only what changed.
+# reuses the other's build), and `make build` built the extension with the same cargo command
+# (EDITABLE_INSTALL), so after it the wheel build only packages (13 s here; compiling everything
+# again for the zig linker took 640 CPU-s).
 WHEEL_TEST_DIR ?= $(DIST_DIR)/test-wheel
 
 .PHONY: test-wheel

@@ -5,8 +5,11 @@ maturin's own backend builds a plain ``linux_x86_64`` wheel (``--compatibility o
 build`` come through here: on glibc Linux (x86_64, aarch64) a regular (non-editable) wheel build
 gets ``[tool.shardstream.linux-wheel] build-args`` from pyproject.toml (zig links against glibc
 2.17: an abi3 ``manylinux2014`` wheel) and installs that table's ``requires`` (ziglang) in an
-isolated build. Everything else -- editable installs (``pip install -e .``, ``maturin
-develop``), the sdist, macOS, musl -- is maturin's backend unchanged.
+isolated build. An editable install gets the same settings when asked with ``-C
+release-wheel=true`` (``make venv`` / ``make build`` do: ``make test-wheel``'s wheel build then
+reuses that cargo build instead of compiling everything again). Everything else -- other
+editable installs (``pip install -e .``, ``maturin develop``), the sdist, macOS, musl -- is
+maturin's backend unchanged.
 
 Build arguments given to the build (``-C maturin.build-args=...`` or ``MATURIN_PEP517_ARGS``)
 replace these settings instead of adding to them (maturin's ``--zig`` cannot be switched off
@@ -28,15 +31,8 @@ if sys.version_info >= (3, 11):
 else:  # maturin requires tomli on Python < 3.11
     import tomli as tomllib
 
-# maturin's hooks that stay as they are (editable builds, sdist); the optional ones only if
-# this maturin has them.
-for _hook in (
-    "build_editable",
-    "build_sdist",
-    "get_requires_for_build_editable",
-    "get_requires_for_build_sdist",
-    "prepare_metadata_for_build_editable",
-):
+# maturin's hooks that stay as they are (sdist); the optional ones only if this maturin has them.
+for _hook in ("build_sdist", "get_requires_for_build_sdist"):
     if hasattr(maturin, _hook):
         globals()[_hook] = getattr(maturin, _hook)
 
@@ -93,6 +89,52 @@ def build_wheel(
 ) -> str:
     settings = _release_settings(config_settings)
     return maturin.build_wheel(wheel_directory, settings, metadata_directory)
+
+
+# Config setting that builds an editable install exactly as the release wheel is built
+# (``pip install -e . -C release-wheel=true``, what ``make venv`` does): the same cargo
+# command, so a later ``pip wheel .`` finds every artifact built and only packages them.
+EDITABLE_AS_RELEASE = "release-wheel"
+
+
+def _as_release(config_settings: Mapping[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+    """(whether ``release-wheel=true`` was given, the settings without that key)."""
+    settings = dict(config_settings or {})
+    value = settings.pop(EDITABLE_AS_RELEASE, "false")
+    if value not in ("true", "false"):
+        raise SystemExit(f"-C {EDITABLE_AS_RELEASE}= must be true or false, got {value!r}")
+    return value == "true", settings
+
+
+def _editable_settings(config_settings: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Editable builds are maturin's, unless ``release-wheel=true`` asks for the wheel's."""
+    release, settings = _as_release(config_settings)
+    return _release_settings(settings) if release else settings
+
+
+def get_requires_for_build_editable(
+    config_settings: Mapping[str, Any] | None = None,
+) -> list[str]:
+    release, settings = _as_release(config_settings)
+    extra = _settings()["requires"] if release and _applies(settings) else []
+    return [*maturin.get_requires_for_build_editable(settings), *extra]
+
+
+def prepare_metadata_for_build_editable(
+    metadata_directory: str, config_settings: Mapping[str, Any] | None = None
+) -> str:
+    return maturin.prepare_metadata_for_build_editable(
+        metadata_directory, _editable_settings(config_settings)
+    )
+
+
+def build_editable(
+    wheel_directory: str,
+    config_settings: Mapping[str, Any] | None = None,
+    metadata_directory: str | None = None,
+) -> str:
+    settings = _editable_settings(config_settings)
+    return maturin.build_editable(wheel_directory, settings, metadata_directory)
 
 
 def _release_settings(config_settings: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

@@ -170,10 +170,8 @@ def test_same_seed_same_stream(small):
 def test_same_seed_same_stream_across_processes(small, tmp_path):
     st = dict(output="python", shuffle_buffer=100, seed=123, batch_size=5, epochs=2)
     here = full_stream(small.root, st)
-    a = run_child(str(tmp_path), small.root, st, tag="a")
-    b = run_child(str(tmp_path), small.root, st, tag="b")
-    assert a == here
-    assert b == here
+    # another process: another hash seed, other addresses and thread timing
+    assert run_child(str(tmp_path), small.root, st, tag="a") == here
 
 
 def test_big_seed_values(small):
