@@ -124,11 +124,11 @@ test-py: build ## Python tests (pytest tests); "no tests collected" is a failure
 demo: build ## Run the resume demo (python -m shardstream demo $(DEMO_ARGS))
 	$(PY) -m shardstream demo $(DEMO_ARGS)
 
-# The `bench` extra of pyproject.toml (keep in sync): the HuggingFace datasets baseline.
+# The `bench` extra of pyproject.toml (keep in sync): HF datasets, Grain and trl baselines.
 # Installed once; if pip fails (offline) the bench runs and prints those rows as skipped.
 $(BENCH_STAMP): $(BOOT_STAMP)
-	@if $(PY) -m pip install $(PIP_FLAGS) -q 'datasets>=2.18'; then touch $@; \
-	else echo "warning: could not install datasets>=2.18; its benchmark rows will be skipped" >&2; fi
+	@if $(PY) -m pip install $(PIP_FLAGS) -q 'datasets>=2.18' 'grain>=0.2.18' 'trl>=1.16'; then touch $@; \
+	else echo "warning: could not install the bench extra; those benchmark rows will be skipped" >&2; fi
 
 .PHONY: bench
 bench: build $(BENCH_STAMP) ## Run the benchmarks on a quiet machine, print their tables (docs/benchmarks.md; BENCH_ARGS='--help')
@@ -141,6 +141,10 @@ bench-quick: build ## Every benchmark section at small sizes, one run each: a sm
 .PHONY: bench-mapstyle
 bench-mapstyle: build $(BENCH_STAMP) ## Map-style benchmark: ParquetRows random access vs HF datasets / pyarrow take, shuffle quality, the sampler at 10^9 rows, resume (MAPSTYLE_ARGS='--quick')
 	$(PY) benches/mapstyle.py $(MAPSTYLE_ARGS)
+
+.PHONY: bench-pack
+bench-pack: build $(BENCH_STAMP) ## Token packing benchmark: vs numpy, Grain, trl; resume; DataLoader; mixture (PACK_ARGS='--quick', '--only callgrind')
+	$(PY) benches/pack.py $(PACK_ARGS)
 
 .PHONY: bench-s3
 bench-s3: build $(BENCH_STAMP) ## Object-store benchmark over a local moto S3 server (BENCH_S3_ARGS='--quick')
