@@ -147,6 +147,29 @@ def cu_seqlens(segment_ids: np.ndarray) -> np.ndarray:
     return out
 
 
+def _one_shared_storage(torch: Any, d: dict[str, Any]) -> dict[str, Any]:
+    """The batch's tensors as views of ONE shared-memory buffer (in a DataLoader worker).
+
+    A worker hands each tensor storage to the main process as its own shared-memory segment
+    (created, copied into, its descriptor passed and mapped again per storage): with the five
+    or six outputs of a packed batch each in its own storage that was ~6 CPU-ms per batch,
+    ten times the packing itself. One segment per batch halves it (benches/pack.py, loader
+    section). The copy is the one the hand-over made anyway.
+    """
+    tensors = {k: v for k, v in d.items() if isinstance(v, torch.Tensor)}
+    # each tensor starts on an 8-byte boundary so the uint8 buffer can be viewed as its dtype
+    sizes = {k: -(-t.nbytes // 8) * 8 for k, t in tensors.items()}
+    buf = torch.empty(sum(sizes.values()), dtype=torch.uint8).share_memory_()
+    out = dict(d)
+    offset = 0
+    for k, t in tensors.items():
+        view = buf[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        out[k] = view
+        offset += sizes[k]
+    return out
+
+
 class PackConverter:
     """Packed rows (a RecordBatch of ``[seq_len]`` fixed-size lists) to the chosen output."""
 
@@ -155,6 +178,7 @@ class PackConverter:
         self._torch: Any = None
         if output == "torch":
             import torch
+            import torch.utils.data
 
             self._torch = torch
 
@@ -179,6 +203,8 @@ class PackConverter:
         d["max_seqlen"] = int(np.diff(cu).max())
         if self._torch is not None:
             d["cu_seqlens"] = self._torch.from_numpy(cu)
+            if self._torch.utils.data.get_worker_info() is not None:
+                d = _one_shared_storage(self._torch, d)
         elif self.output == "python":
             d = {k: v.tolist() for k, v in d.items() if k != "max_seqlen"} | {
                 "cu_seqlens": cu.tolist(),

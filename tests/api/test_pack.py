@@ -350,7 +350,12 @@ def test_stateful_dataloader_workers_resume_exactly(docs):
             dl.load_state_dict(state)
         return dl
 
-    full = [{k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader()]
+    batches = list(loader())
+    # handed over from the worker as views of one shared-memory buffer, not one per tensor
+    for b in batches:
+        tensors = [v for v in b.values() if hasattr(v, "untyped_storage")]
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1, sorted(b)
+    full = [{k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in batches]
     rows = check_rows(full, 48)
     # each worker packs its own slot: together every document exactly once
     assert collections.Counter(tokens(rows)) == collections.Counter(
