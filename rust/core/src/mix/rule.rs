@@ -733,7 +733,13 @@ mod tests {
             let mut dry = vec![false; k];
             loop {
                 let left = (0..k)
-                    .map(|s| if m.active()[s] && !dry[s] { u64::MAX } else { 0 })
+                    .map(|s| {
+                        if m.active()[s] && !dry[s] {
+                            u64::MAX
+                        } else {
+                            0
+                        }
+                    })
                     .collect();
                 let mut a = Avail { left };
                 let Some(s) = m.peek(&a) else { return out };

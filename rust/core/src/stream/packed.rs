@@ -41,10 +41,9 @@ impl Stream {
         n: usize,
         until: Option<u64>,
     ) -> Result<Option<RecordBatch>> {
-        let mut packer = self
-            .pack
-            .take()
-            .ok_or_else(|| Error::Internal("next_packed_rows on a stream without packing".into()))?;
+        let mut packer = self.pack.take().ok_or_else(|| {
+            Error::Internal("next_packed_rows on a stream without packing".into())
+        })?;
         let out = self.pack_rows(&mut packer, n, until);
         self.pack = Some(packer);
         out
@@ -64,7 +63,9 @@ impl Stream {
         }
         let mut more = |p: &mut Packer| -> Result<bool> {
             let want = match until {
-                Some(_) => p.pull_rows().min(self.rows_ahead(until).min(usize::MAX as u64) as usize),
+                Some(_) => p
+                    .pull_rows()
+                    .min(self.rows_ahead(until).min(usize::MAX as u64) as usize),
                 None => p.pull_rows(),
             };
             if want == 0 {
