@@ -427,8 +427,17 @@ def test_per_source_elastic_resume_emits_every_token_exactly_once(srcs):
     assert collections.Counter(tokens(rows)) == collections.Counter(want)
 
 
-def test_per_source_arguments_are_refused(srcs):
+def test_per_source_arguments_are_refused(srcs, tmp_path):
     ra, rb = srcs[0], srcs[1]
+    # accepted: token columns of different types (each source packs its own into int64 rows)
+    for name, t in (("x", pa.int32()), ("y", pa.uint16())):
+        os.makedirs(tmp_path / name)
+        toks = pa.array([[1, 2, 3], [4, 5]], pa.list_(t))
+        pq.write_table(pa.table({"input_ids": toks}), tmp_path / name / "s.parquet")
+    two = {n: ParquetStream(str(tmp_path / n), pack=Pack(seq_len=4)) for n in "xy"}
+    got = next(iter(Mixture(two, weights={"x": 1, "y": 1}, batch_size=2, output="numpy")))
+    assert got["input_ids"].tolist() == [[1, 2, 3, 4], [1, 2, 3, 4]]
+    assert got["source_ids"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
     a = ParquetStream(ra, columns=["input_ids"], pack=Pack(seq_len=48))
     with pytest.raises(ValueError, match="'a' packs.*'b' does not"):
         Mixture({"a": a, "b": ParquetStream(rb, columns=["input_ids"])}, weights={"a": 1, "b": 1})
