@@ -145,7 +145,8 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
 
     Args:
         sources: ``{name: ParquetStream(...)}``. Each source keeps its own shard set, columns,
-            shuffle (``shuffle_buffer``, ``seed``), storage options and read tuning; the
+            shuffle (``shuffle_buffer``, ``seed``), storage options, read tuning and packing
+            (``pack=``: every source or none, see ``pack``); the
             mixture decides batching, epochs and layout, so a source's ``batch_size``,
             ``drop_last``, ``epochs``, ``even``, ``rank``/``world_size`` must be left at their
             defaults. Sources are ordered by name (:attr:`source_names`).
@@ -191,8 +192,17 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             plus ``source_ids`` (int16 ``[batch, seq_len]``: each token's source as an index
             into :attr:`source_names`, ``-1`` on padding). The packer's pending documents are
             in the state as (source, row id, token range). Every source needs the token column;
-            ``combine`` must be ``"mixed"``; sources must not pack themselves (packing each
-            source and then mixing packed rows is not supported).
+            ``combine`` must be ``"mixed"``; sources must not pack themselves then.
+            *Pack per source* instead: give every source its own ``pack=`` (one ``seq_len``)
+            and leave this ``None``: each source packs its own documents (as it would alone),
+            items are ``batch_size`` packed rows in mixing order, each row from one source
+            (``source_ids``: that source on its real tokens, ``-1`` on padding), the weights,
+            schedule points and ``samples`` count packed rows (tokens). A source that runs out
+            is found out when its packer has nothing left as the mixer picks it; the item is
+            then decided again with its policy applied, so slots run out at different items:
+            ``on_exhausted="stop"`` needs ``even=None`` (a slot stops when the mixer picks
+            the source again after its last packed row), and ``even`` does not equalize slots
+            whose sources run out (docs/guide.md "Packing a mixture").
 
     Raises:
         ValueError, TypeError: an argument is out of range or of the wrong type (named).
@@ -258,12 +268,32 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
                     )
             if s._rank is not None:
                 raise ValueError(f"source {n!r} has rank/world_size: pass them to Mixture")
-            if s._pack is not None:
+        packing = sorted(n for n, s in sources.items() if s._pack is not None)
+        if packing:
+            plain = sorted(n for n, s in sources.items() if s._pack is None)
+            if plain:
                 raise ValueError(
-                    f"source {n!r} packs (pack=...): packing each source and then mixing packed "
-                    "rows is not supported; pack after mixing instead: give the sources "
-                    "unpacked and pass Mixture(..., pack=Pack(...)) (rows mix sources, "
-                    "proportions by documents, a per-token source_ids column)"
+                    f"source {packing[0]!r} packs (pack=...) but {plain[0]!r} does not: either "
+                    "every source packs (pack per source, then mix packed rows: each row from "
+                    "one source) or none does (pass Mixture(..., pack=Pack(...)) to pack after "
+                    "mixing)"
+                )
+            if pack is not None:
+                raise ValueError(
+                    f"source {packing[0]!r} packs (pack=...) and Mixture(pack=...) is given "
+                    "too: choose one order, pack per source (the sources' pack=) or pack after "
+                    "mixing (Mixture's pack=)"
+                )
+            lens = {sources[n]._pack.seq_len for n in packing}  # type: ignore[union-attr]
+            if len(lens) > 1:
+                raise ValueError(
+                    f"the sources pack to different seq_len {sorted(lens)}: packed rows of a "
+                    "mixture have one length"
+                )
+            if combine != "mixed":
+                raise ValueError(
+                    "combine='by_source' does not apply to packing sources: items are packed "
+                    "rows, each from one source (its source_ids column says which)"
                 )
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
@@ -329,6 +359,8 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             pack=None if pack is None else pack.record(),
         )
         self._pack = pack
+        # Items are packed rows: after mixing (pack=) or per source (every source's pack=).
+        self._packed = pack is not None or bool(packing)
         self._policies = policies
         self._caps = caps
         self._output = output
@@ -458,9 +490,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._start_point()
-        conv: Any = (
-            PackConverter(self._output) if self._pack is not None else _MixConverter(self, self.raw)
-        )
+        conv: Any = PackConverter(self._output) if self._packed else _MixConverter(self, self.raw)
         self._iter = StreamIterator(self, conv, self.batch_size is not None)  # type: ignore[arg-type]
         return self._iter
 

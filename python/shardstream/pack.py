@@ -55,6 +55,10 @@ class Pack:
             ``labels`` are the input ids for a model that shifts itself (``-100`` on each
             document's first token in the row and on padding).
 
+    In a :class:`Mixture`, give it to the mixture (``Mixture(pack=...)``: pack after mixing)
+    or to every source (``ParquetStream(pack=...)`` per source: each packed row from one
+    source, mixed by packed rows).
+
     Each packed item has ``input_ids``, ``labels``, ``position_ids`` (restarting at 0 for each
     document in the row), ``segment_ids`` (1, 2, ... per document in the row, 0 = padding),
     each ``[batch_size, seq_len]`` (``[seq_len]`` in row mode), ``cu_seqlens`` (int32 boundaries
@@ -127,7 +131,8 @@ class Pack:
 
 
 _COLUMNS = ("input_ids", "labels", "position_ids", "segment_ids")
-# Packed after a Mixture: each token's source (index into Mixture.source_names; -1 = padding).
+# Packed in a Mixture (after mixing, or per source): each token's source (index into
+# Mixture.source_names; -1 = padding).
 _SOURCE_IDS = "source_ids"
 
 

@@ -468,9 +468,21 @@ def test_hostile_pack_states_are_refused_or_harmless(docs):
     fuzz()
 
 
-def test_a_packing_source_in_a_mixture_is_refused(docs):
+def test_a_packing_source_in_a_mixture_yields_its_own_packed_rows(docs):
     from shardstream import Mixture
 
     root, _ = docs
-    with pytest.raises(ValueError, match="pack after mixing instead"):
-        Mixture({"a": stream(root, Pack(seq_len=8), batch_size=None)}, weights={"a": 1.0})
+    p = Pack(seq_len=40, algorithm="best_fit", buffer_docs=8)
+    alone = list(stream(root, p, batch_size=4))
+    mixed = list(
+        Mixture(
+            {"a": stream(root, p, batch_size=None)},
+            weights={"a": 1.0},
+            batch_size=4,
+            on_exhausted="drop",
+            output="numpy",
+        )
+    )
+    assert same(mixed, alone)
+    for b in mixed:  # one source: index 0 on every real token, -1 on padding
+        assert np.array_equal(b["source_ids"], np.where(b["segment_ids"] > 0, 0, -1))

@@ -205,8 +205,6 @@ def test_row_mode_torch_has_source_ids(srcs):
 
 def test_arguments_and_hostile_states_are_refused(srcs):
     ra, rb = srcs[0], srcs[1]
-    with pytest.raises(ValueError, match="pack after mixing instead"):
-        Mixture({"a": ParquetStream(ra, columns=["input_ids"], pack=Pack())}, weights={"a": 1})
     with pytest.raises(ValueError, match="by_source"):
         mixture(srcs, Pack(), combine="by_source")
     with pytest.raises(ValueError, match="source 'b'.*not among the columns"):
@@ -249,3 +247,216 @@ def test_arguments_and_hostile_states_are_refused(srcs):
     ds = mixture(srcs, pack)
     with pytest.raises(StateError, match="pack: state has None"):
         ds.load_state_dict(plain)
+
+
+# -- packing per source, then mixing packed rows --------------------------------------------------
+PER = {"a": Pack(seq_len=48), "b": Pack(seq_len=48, algorithm="best_fit", buffer_docs=8)}
+
+
+def per_source(srcs, packs=PER, weights=None, **kw):
+    """Every source packs its own documents; the mixture mixes packed rows."""
+    ra, rb = srcs[0], srcs[1]
+    kw.setdefault("batch_size", 3)
+    kw.setdefault("output", "numpy")
+    sources = {
+        "a": ParquetStream(ra, columns=["input_ids"], shuffle_buffer=8, seed=1, pack=packs["a"]),
+        "b": ParquetStream(rb, columns=["input_ids"], pack=packs["b"]),
+    }
+    return Mixture(sources, weights=weights or {"a": 2, "b": 1}, **kw)
+
+
+def own_rows(srcs, name, n, packs=PER, **kw):
+    """The first `n` packed rows of source `name` packing alone (same settings, endless)."""
+    root = srcs[0] if name == "a" else srcs[1]
+    kw = dict(kw, epochs=kw.get("epochs"))
+    if name == "a":
+        kw.update(shuffle_buffer=8, seed=1)
+    ds = ParquetStream(
+        root, columns=["input_ids"], pack=packs[name], batch_size=1, output="numpy", **kw
+    )
+    out = []
+    for b in ds:
+        if len(out) == n:
+            break
+        out.append(b)
+    return rows_of(out)
+
+
+def split_rows(items):
+    """All rows, and each row's source: one source per row, source_ids that source on every
+    real token and -1 on padding."""
+    rows = rows_of(items)
+    src = np.concatenate([b["source_ids"] for b in items])
+    seg = rows["segment_ids"]
+    tags = []
+    for r in range(seg.shape[0]):
+        real = seg[r] > 0
+        assert np.all(src[r][~real] == -1)
+        t = set(src[r][real].tolist())
+        assert len(t) == 1, f"row {r} mixes sources {t}"
+        tag = t.pop()
+        # and its tokens are that source's documents
+        assert np.all((rows["input_ids"][r][real] // M >= B0) == (tag == 1))
+        tags.append(tag)
+    return rows, np.array(tags)
+
+
+def check_proportions(tags, weights):
+    """Deterministic mixing: every prefix holds each source within one row of its target."""
+    w = np.array(weights, dtype=float) / sum(weights)
+    t = np.arange(1, len(tags) + 1)
+    for s, ws in enumerate(w):
+        assert np.all(np.abs(np.cumsum(tags == s) - ws * t) < 1), f"source {s}"
+
+
+def by_source(rows, tags, s):
+    return {k: v[tags == s] for k, v in rows.items()}
+
+
+def same_rows(a, b):
+    return all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_per_source_rows_are_each_sources_own_packed_rows_in_exact_proportions(srcs):
+    items = list(per_source(srcs, samples=120))
+    rows, tags = split_rows(items)
+    check_rows(items, 48)
+    assert len(tags) == 120 and [len(b["input_ids"]) for b in items] == [3] * 40
+    check_proportions(tags, [2, 1])
+    # each source's rows, in order, are exactly its own stream's packed rows
+    for s, name in enumerate("ab"):
+        mine = by_source(rows, tags, s)
+        assert same_rows(mine, own_rows(srcs, name, len(mine["input_ids"])))
+    b_tokens = collections.Counter(tokens(by_source(rows, tags, 1)))
+    assert max(b_tokens.values()) == 2  # b cycled into its second epoch
+
+
+def test_per_source_drop_emits_every_token_once_and_cycle_caps_epochs(srcs):
+    _, _, la, lb = srcs
+    items = list(per_source(srcs, on_exhausted="drop", samples=None, batch_size=4))
+    rows, tags = split_rows(items)
+    check_rows(items, 48)
+    docs = list(range(len(la))) + [B0 + i for i in range(len(lb))]
+    want = [d * M + j for d in docs for j in range(length(la, lb, d))]
+    assert collections.Counter(tokens(rows)) == collections.Counter(want)
+    for s, name in enumerate("ab"):
+        mine = by_source(rows, tags, s)
+        assert same_rows(mine, own_rows(srcs, name, 10**6, epochs=1))
+    # b ran out first: the rows after its last are all a's; before it, within one of 2:1
+    last_b = int(np.flatnonzero(tags == 1)[-1])
+    assert np.all(tags[last_b + 1 :] == 0) and last_b + 1 < len(tags)
+    check_proportions(tags[:last_b], [2, 1])
+    # cycle with max_epochs: b packs exactly two epochs, then leaves
+    items = list(per_source(srcs, on_exhausted="cycle", max_epochs={"a": 1, "b": 2}))
+    rows, tags = split_rows(items)
+    for s, name, ep in ((0, "a", 1), (1, "b", 2)):
+        mine = by_source(rows, tags, s)
+        assert same_rows(mine, own_rows(srcs, name, 10**6, epochs=ep))
+
+
+def per_run(srcs, state=None, n=None, **kw):
+    ds = per_source(srcs, **kw)
+    if state is not None:
+        ds.load_state_dict(state)
+    out = []
+    for b in ds:
+        out.append(b)
+        if n is not None and len(out) == n:
+            break
+    return out, ds.state_dict()
+
+
+def same_items(a, b):
+    ra, rb = rows_of(a), rows_of(b)
+    sa = np.concatenate([x["source_ids"] for x in a])
+    sb = np.concatenate([x["source_ids"] for x in b])
+    return all(np.array_equal(ra[k], rb[k]) for k in ra) and np.array_equal(sa, sb)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(samples=60),
+        dict(on_exhausted="drop", samples=None, mixing="stratified", block=4),
+        dict(on_exhausted="drop", samples=None, mixing="random", batch_size=None),
+    ],
+    ids=["cycle", "drop_stratified", "drop_random_rows"],
+)
+def test_per_source_resume_is_exact_at_many_points_and_twice(srcs, kw):
+    full, _ = per_run(srcs, **kw)
+    assert len(full) > 10
+    spans = False
+    for k in range(1, len(full), max(1, len(full) // 7)):
+        head, st = per_run(srcs, n=k, **kw)
+        json.dumps(st)  # plain built-ins
+        spans |= bool(st["sources"]["a"]["position"]["pack"]["spans"])
+        mid, st2 = per_run(srcs, state=st, n=2, **kw)
+        tail, _ = per_run(srcs, state=st2, **kw)
+        assert same_items(head + mid + tail, full), f"resume after {k} items"
+    assert spans  # some resume point had a document of a pending mid-way
+
+
+def test_per_source_reweighting_continues_each_sources_rows(srcs):
+    head, st = per_run(srcs, n=6, samples=None)
+    tail, _ = per_run(srcs, state=st, n=10, samples=None, weights={"a": 1, "b": 3})
+    _, t_head = split_rows(head)
+    rows, tags = split_rows(head + tail)
+    check_proportions(tags[len(t_head) :], [1, 3])  # the targets rebase at the resume
+    for s, name in enumerate("ab"):
+        mine = by_source(rows, tags, s)
+        assert same_rows(mine, own_rows(srcs, name, len(mine["input_ids"])))
+
+
+def test_per_source_elastic_resume_emits_every_token_exactly_once(srcs):
+    _, _, la, lb = srcs
+    kw = dict(batch_size=2, samples=None, on_exhausted="drop", even=None)
+    before, states = [], []
+    for r, n in enumerate((2, 5)):  # 2 ranks, stopped at different points
+        items, st = per_run(srcs, n=n, rank=r, world_size=2, **kw)
+        before += items
+        states.append(st)
+    assert any(s["sources"][n]["position"]["pack"]["rows"] for s in states for n in "ab")
+    after = []
+    for r in range(3):  # continued by 3 ranks
+        items, _ = per_run(srcs, state=states, rank=r, world_size=3, **kw)
+        after += items
+    rows, _ = split_rows(before + after)
+    check_rows(before + after, 48)
+    docs = list(range(len(la))) + [B0 + i for i in range(len(lb))]
+    want = [d * M + j for d in docs for j in range(length(la, lb, d))]
+    assert collections.Counter(tokens(rows)) == collections.Counter(want)
+
+
+def test_per_source_arguments_are_refused(srcs, tmp_path):
+    ra, rb = srcs[0], srcs[1]
+    # accepted: token columns of different types (each source packs its own into int64 rows)
+    for name, t in (("x", pa.int32()), ("y", pa.uint16())):
+        os.makedirs(tmp_path / name)
+        toks = pa.array([[1, 2, 3], [4, 5]], pa.list_(t))
+        pq.write_table(pa.table({"input_ids": toks}), tmp_path / name / "s.parquet")
+    two = {n: ParquetStream(str(tmp_path / n), pack=Pack(seq_len=4)) for n in "xy"}
+    got = next(iter(Mixture(two, weights={"x": 1, "y": 1}, batch_size=2, output="numpy")))
+    assert got["input_ids"].tolist() == [[1, 2, 3, 4], [1, 2, 3, 4]]
+    assert got["source_ids"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
+    a = ParquetStream(ra, columns=["input_ids"], pack=Pack(seq_len=48))
+    with pytest.raises(ValueError, match="'a' packs.*'b' does not"):
+        Mixture({"a": a, "b": ParquetStream(rb, columns=["input_ids"])}, weights={"a": 1, "b": 1})
+    with pytest.raises(ValueError, match="choose one order"):
+        Mixture({"a": a}, weights={"a": 1}, pack=Pack(seq_len=48))
+    with pytest.raises(ValueError, match=r"different seq_len \[32, 48\]"):
+        per_source(srcs, packs={"a": Pack(seq_len=48), "b": Pack(seq_len=32)})
+    with pytest.raises(ValueError, match="by_source"):
+        per_source(srcs, combine="by_source")
+    with pytest.raises(ValueError, match="'stop'.*cannot stop together"):
+        per_source(srcs, on_exhausted={"b": "stop"}, even="drop")
+    # with even=None, 'stop' ends this slot when the mixer picks b again after its last
+    # packed row (found out then): all of b's rows, then at most the a rows before b's turn
+    items = list(per_source(srcs, on_exhausted={"b": "stop"}, even=None, batch_size=1))
+    rows, tags = split_rows(items)
+    last_b = int(np.flatnonzero(tags == 1)[-1])
+    assert np.all(tags[last_b + 1 :] == 0) and len(tags) - 1 - last_b <= 2
+    assert same_rows(by_source(rows, tags, 1), own_rows(srcs, "b", 10**6, epochs=1))
+    # a per-source packed state is not an unpacked mixture's (the sources' settings differ)
+    _, st = per_run(srcs, n=2)
+    with pytest.raises(StateError, match='source "a"'):
+        mixture(srcs, None, samples=None).load_state_dict(st)

@@ -131,6 +131,9 @@ pub struct MixConfig {
     pub(crate) rule: Arc<Rule>,
     /// Packing after mixing (`set_pack`): items are packed rows of the mixed documents.
     pub pack: Option<PackSettings>,
+    /// Packing per source (every source's settings pack, one `seq_len`): items are packed rows,
+    /// each from one source (`stream/per_source.rs`); these are the first source's settings.
+    pub source_pack: Option<PackSettings>,
 }
 
 /// Most sources a mixture takes (tags are int16).
@@ -194,9 +197,15 @@ impl MixConfig {
             s.settings.epochs = None;
             s.settings.even = settings.even;
         }
+        let source_pack = source_pack(&sources, &settings, combine)?;
         let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
         let schedule = Arc::new(schedule_of(&names, &weights)?);
-        let (schema, common) = mixed_schema(&sources, combine, tag_column.as_deref())?;
+        let (schema, common) = match &source_pack {
+            // Packed rows of any source: the packed columns and `source_ids`, whatever the
+            // sources' own columns are.
+            Some(p) => (p.schema_with_sources(), vec![Vec::new(); sources.len()]),
+            None => mixed_schema(&sources, combine, tag_column.as_deref())?,
+        };
         let rule = Arc::new(Rule {
             schedule: schedule.clone(),
             mixing: settings.mixing,
@@ -219,6 +228,7 @@ impl MixConfig {
             common,
             rule,
             pack: None,
+            source_pack,
         })
     }
 
@@ -226,6 +236,14 @@ impl MixConfig {
     /// packed rows (`batch_size` of them, one in row mode); every source must have the token
     /// column.
     pub fn set_pack(&mut self, pack: Option<PackSettings>) -> Result<()> {
+        if pack.is_some() && self.source_pack.is_some() {
+            return Err(Error::Config(
+                "the sources pack (ParquetStream(pack=...)) and the mixture packs too (Mixture(\
+                 pack=...)): choose one order, per source then mixing packed rows, or after \
+                 mixing"
+                    .into(),
+            ));
+        }
         if let Some(p) = &pack {
             let schemas: Vec<(&str, &arrow_schema::Schema)> = self
                 .sources
@@ -307,6 +325,58 @@ impl MixConfig {
             })
             .collect()
     }
+}
+
+/// Packing per source: every source packs (or none), with one `seq_len`; a packed source's
+/// exhaustion is found only when its packer cannot make a row (late), so `stop` — which must end
+/// every slot at the same item under `even` — is refused unless `even` is off.
+fn source_pack(
+    sources: &[MixSource],
+    settings: &MixSettings,
+    combine: Combine,
+) -> Result<Option<PackSettings>> {
+    let Some(first) = sources.iter().find(|s| s.settings.pack.is_some()) else {
+        return Ok(None);
+    };
+    let p = first.settings.pack.clone().expect("a packing source");
+    for s in sources {
+        match &s.settings.pack {
+            None => {
+                return Err(Error::Config(format!(
+                    "source {:?} packs (pack=...) but source {:?} does not: either every source \
+                     packs (each packed row from one source) or none does (pass \
+                     Mixture(..., pack=...) to pack after mixing)",
+                    first.name, s.name
+                )))
+            }
+            Some(q) if q.seq_len != p.seq_len => {
+                return Err(Error::Config(format!(
+                    "sources {:?} and {:?} pack to different seq_len ({} and {}): packed rows \
+                     of a mixture have one length",
+                    first.name, s.name, p.seq_len, q.seq_len
+                )))
+            }
+            Some(_) => {}
+        }
+        if s.on_exhausted == OnExhausted::Stop && settings.even != Even::Off {
+            return Err(Error::Config(format!(
+                "source {:?} packs and has on_exhausted='stop' with even={:?}: a packing \
+                 source's packed rows are counted only as its packer makes them, so slots run \
+                 out at different items and cannot stop together; use even=None (each slot \
+                 stops at its own end), or 'drop'/'cycle'",
+                s.name,
+                settings.even.name()
+            )));
+        }
+    }
+    if combine != Combine::Mixed {
+        return Err(Error::Config(
+            "combine='by_source' does not apply to packing sources: items are packed rows (their \
+             source_ids column says which source each row is from)"
+                .into(),
+        ));
+    }
+    Ok(Some(p))
 }
 
 /// A slot's share of `n` items under `even` (balanced to within one; `Drop`: the floor for

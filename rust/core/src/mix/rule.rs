@@ -284,6 +284,15 @@ impl Mixer {
         c
     }
 
+    /// Forget the choice `peek` made: its source turned out to have no item after all (a
+    /// packing source finds out only when its packer cannot make a row). Mark it run out in
+    /// `avail` and peek again: the boundary then applies its policy there. A stratified block
+    /// is cut at that point (the rebase that follows a drop restarts the counts anyway).
+    pub fn unpeek(&mut self) {
+        self.cached = None;
+        self.block = None;
+    }
+
     /// Take the next item: its source, with `avail` counted down.
     pub fn take(&mut self, avail: &mut Avail) -> Option<usize> {
         let c = self.peek(avail);
@@ -715,6 +724,38 @@ mod tests {
         out
     }
 
+    /// Up to `n` items with each source's `rows` found out only when picked past them (as
+    /// `stream/per_source.rs` does); `given` counts each source's rows taken.
+    fn late_run(m: &mut Mixer, rows: &[u64], given: &mut [u64], n: usize) -> Vec<usize> {
+        let k = rows.len();
+        let mut out = Vec::new();
+        while out.len() < n {
+            let mut dry = vec![false; k];
+            loop {
+                let left = (0..k)
+                    .map(|s| {
+                        if m.active()[s] && !dry[s] {
+                            u64::MAX
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                let mut a = Avail { left };
+                let Some(s) = m.peek(&a) else { return out };
+                if given[s] < rows[s] {
+                    m.take(&mut a);
+                    given[s] += 1;
+                    out.push(s);
+                    break;
+                }
+                dry[s] = true;
+                m.unpeek();
+            }
+        }
+        out
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
@@ -759,6 +800,41 @@ mod tests {
 
         /// A position saved after any item and restored continues with the same choices, in
         /// every mode, across rebases.
+        /// Late discovery (a packing source, `stream/per_source.rs`): a source's rows are not
+        /// known ahead; when the mixer picks it past its last one, the choice is taken back
+        /// (`unpeek`) and decided again with the source run out. Every row of every source with
+        /// weight is taken exactly once (drop), and a mixer restored after any item continues
+        /// identically, under every mixing.
+        #[test]
+        fn late_exhaustion_drops_and_resumes_exactly(
+            w in weights(), rows in proptest::collection::vec(0u64..40, 7),
+            mixing in 0u8..3, block in 1u64..8, cut in 0usize..400,
+        ) {
+            let k = w.len();
+            let mixing = match mixing {
+                0 => Mixing::Deterministic,
+                1 => Mixing::Stratified(block),
+                _ => Mixing::Random,
+            };
+            let slot = Slot::new(1, 3).unwrap();
+            let r = rule(Schedule::constant(quantize(&w, "w").unwrap()), mixing, k, false);
+            let rows = &rows[..k];
+            let mut m = Mixer::fresh(r.clone(), slot, 0, None, vec![true; k], 0, vec![0; k]);
+            let mut given = vec![0u64; k];
+            let full = late_run(&mut m, rows, &mut given, usize::MAX);
+            for s in 0..k {
+                let want = if w[s] > 0.0 { rows[s] } else { 0 };
+                prop_assert_eq!(given[s], want, "source {}", s);
+            }
+            let cut = cut.min(full.len());
+            let mut m = Mixer::fresh(r.clone(), slot, 0, None, vec![true; k], 0, vec![0; k]);
+            let mut given = vec![0u64; k];
+            let mut got = late_run(&mut m, rows, &mut given, cut);
+            let mut m = Mixer::restore(r, slot, &m.position()).unwrap();
+            got.extend(late_run(&mut m, rows, &mut given, usize::MAX));
+            prop_assert_eq!(got, full);
+        }
+
         #[test]
         fn restored_positions_continue_identically(
             s in schedule(), mode in 0u8..3, block in 1u64..9, cut in 0usize..300,

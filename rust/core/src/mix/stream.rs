@@ -26,6 +26,7 @@ use crate::state::mixture::{BlockRecord, MixerRecord, MixtureState};
 use crate::stream::Stream;
 
 mod packed;
+mod per_source;
 
 /// What one `next_item` returns.
 #[derive(Debug)]
@@ -97,7 +98,8 @@ impl MixStream {
         resume: &MixResume,
     ) -> Result<MixStream> {
         // Packed items are whole packed rows: no position inside one.
-        let row_mode = cfg.settings.batch_size.is_none() && cfg.pack.is_none();
+        let row_mode =
+            cfg.settings.batch_size.is_none() && cfg.pack.is_none() && cfg.source_pack.is_none();
         let mut streams = Vec::with_capacity(cfg.sources.len());
         for (i, src) in cfg.sources.iter().enumerate() {
             let mut s = Stream::resume(
@@ -111,7 +113,7 @@ impl MixStream {
             .map_err(|e| in_source(&src.name, e))?;
             // Row mode needs each chunk's start to compute a position inside it.
             s.keep_batch_start(row_mode);
-            s.track_ids(cfg.pack.is_some());
+            s.track_ids(cfg.pack.is_some() || cfg.source_pack.is_some());
             streams.push(s);
         }
         let (mixer, removed) = resume.mixer(&cfg, layout)?;
@@ -148,6 +150,9 @@ impl MixStream {
     }
 
     fn avail(&self) -> Avail {
+        if self.cfg.source_pack.is_some() {
+            return per_source::avail(&self.mixer, &[]);
+        }
         Avail {
             left: self
                 .streams
@@ -163,6 +168,9 @@ impl MixStream {
     pub fn next_item(&mut self) -> Result<Option<MixItem>> {
         if self.packer.is_some() {
             return self.next_packed();
+        }
+        if self.cfg.source_pack.is_some() {
+            return self.next_source_packed();
         }
         if self.ended {
             return Ok(None);

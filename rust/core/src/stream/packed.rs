@@ -23,7 +23,7 @@ impl Stream {
         }
         let n = n as usize;
         let mut packer = self.pack.take().expect("a packing stream");
-        let out = self.pack_rows(&mut packer, n);
+        let out = self.pack_rows(&mut packer, n, None);
         self.pack = Some(packer);
         match out? {
             Some(b) if !(self.settings.drop_last && b.num_rows() < n) => Ok(Some(b)),
@@ -34,7 +34,27 @@ impl Stream {
         }
     }
 
-    fn pack_rows(&mut self, p: &mut Packer, n: usize) -> Result<Option<RecordBatch>> {
+    /// Up to `n` packed rows of the documents before epoch `until` (a source packing inside a
+    /// mixture: its epochs are capped there); fewer, or `None`, only when its input has ended.
+    pub fn next_packed_rows(
+        &mut self,
+        n: usize,
+        until: Option<u64>,
+    ) -> Result<Option<RecordBatch>> {
+        let mut packer = self.pack.take().ok_or_else(|| {
+            Error::Internal("next_packed_rows on a stream without packing".into())
+        })?;
+        let out = self.pack_rows(&mut packer, n, until);
+        self.pack = Some(packer);
+        out
+    }
+
+    fn pack_rows(
+        &mut self,
+        p: &mut Packer,
+        n: usize,
+        until: Option<u64>,
+    ) -> Result<Option<RecordBatch>> {
         if let Some(ids) = p.needs_rows() {
             // The pending documents of a resumed state: read just those rows again.
             let threads = self.opts.readahead_threads.max(1);
@@ -42,7 +62,16 @@ impl Stream {
             p.hydrate(&ids, &batches)?;
         }
         let mut more = |p: &mut Packer| -> Result<bool> {
-            match self.next_batch(p.pull_rows())? {
+            let want = match until {
+                Some(_) => p
+                    .pull_rows()
+                    .min(self.rows_ahead(until).min(usize::MAX as u64) as usize),
+                None => p.pull_rows(),
+            };
+            if want == 0 {
+                return Ok(false);
+            }
+            match self.next_batch(want)? {
                 None => Ok(false),
                 Some(b) => {
                     let ids = std::mem::take(&mut self.ids);
