@@ -486,3 +486,21 @@ def test_a_packing_source_in_a_mixture_yields_its_own_packed_rows(docs):
     assert same(mixed, alone)
     for b in mixed:  # one source: index 0 on every real token, -1 on padding
         assert np.array_equal(b["source_ids"], np.where(b["segment_ids"] > 0, 0, -1))
+
+
+@pytest.mark.parametrize(
+    "lengths,pack",
+    [
+        ([0] * 20, Pack(seq_len=16)),  # every document empty
+        ([40, 0, 33] * 5, Pack(seq_len=16, algorithm="best_fit", long_docs="drop")),  # all too long
+    ],
+    ids=["empty", "dropped"],
+)
+def test_endless_stream_without_a_packable_document_is_an_error_not_a_hang(
+    tmp_path, lengths, pack
+):
+    root = write_docs(str(tmp_path), lengths, shards=2, row_group=4)
+    with pytest.raises(ValueError, match="input_ids.*forever"):
+        next(iter(stream(root, pack, epochs=None)))
+    # a finite pass just ends (nothing to pack)
+    assert list(stream(root, pack, epochs=2)) == []

@@ -544,6 +544,11 @@ impl Packer {
         !self.cfg.best_fit() || self.queue.len() >= self.cfg.buffer_docs as usize
     }
 
+    /// Documents waiting in the queue (a read that adds none took only empty or dropped ones).
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Rows to read from the stream when not `ready`.
     pub fn pull_rows(&self) -> usize {
         PULL_ROWS

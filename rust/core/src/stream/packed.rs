@@ -61,6 +61,10 @@ impl Stream {
             let batches = read_rows(&self.catalog, &ids, self.opts.read_batch_rows, threads)?;
             p.hydrate(&ids, &batches)?;
         }
+        // The epoch in which reads began to add no document (all empty, or dropped as too
+        // long): once a whole later epoch has added none, no document ever will, and an
+        // endless stream would read forever without making a row.
+        let mut barren_since: Option<u64> = None;
         let mut more = |p: &mut Packer| -> Result<bool> {
             let want = match until {
                 Some(_) => p
@@ -75,8 +79,24 @@ impl Stream {
                 None => Ok(false),
                 Some(b) => {
                     let ids = std::mem::take(&mut self.ids);
+                    let before = p.queued();
                     p.take(&b, &ids)?;
                     self.ids = ids;
+                    if p.queued() > before {
+                        barren_since = None;
+                    } else if self.epoch >= *barren_since.get_or_insert(self.epoch) + 2 {
+                        let s = p.settings();
+                        return Err(Error::Config(format!(
+                            "Pack: a whole epoch gave the packer no document: every row's {:?} \
+                             is empty{} (the stream would read forever without making a row)",
+                            s.column,
+                            if s.long_docs == "drop" {
+                                format!(" or longer than seq_len={} (long_docs='drop')", s.seq_len)
+                            } else {
+                                String::new()
+                            }
+                        )));
+                    }
                     Ok(true)
                 }
             }
