@@ -47,9 +47,7 @@ fn array(data: &ArrayData) -> Result<(), ArrowError> {
             offsets::<i64>(data, data.child_data().first().map(|c| c.len()), None)
         }
         DataType::Binary => offsets::<i32>(data, data.buffers().get(1).map(|b| b.len()), None),
-        DataType::LargeBinary => {
-            offsets::<i64>(data, data.buffers().get(1).map(|b| b.len()), None)
-        }
+        DataType::LargeBinary => offsets::<i64>(data, data.buffers().get(1).map(|b| b.len()), None),
         DataType::Utf8 => utf8::<i32>(data),
         DataType::LargeUtf8 => utf8::<i64>(data),
         _ => false,
@@ -163,9 +161,9 @@ mod tests {
         assert!(agree(&list) && agree(&text) && agree(&bin));
         assert!(agree(&list.slice(1, 2)) && agree(&text.slice(2, 1)));
         let bad = [
-            [0, 2, 1, 3], // falls
+            [0, 2, 1, 3],  // falls
             [-1, 2, 2, 3], // negative
-            [0, 2, 2, 5], // past the end
+            [0, 2, 2, 5],  // past the end
         ];
         for offs in bad {
             assert!(!agree(&with_offsets(&list, &offs)), "{offs:?}");
