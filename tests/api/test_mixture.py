@@ -7,6 +7,7 @@ uninterrupted run (the Rust core's property tests cover the mixing rule and rand
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 import re
@@ -434,6 +435,18 @@ def test_columns_mixed_by_source_and_rows(data):
     assert set(b) == {"web", "code"}
     assert set(b["web"]) == {"id", "text", "tokens"} and set(b["code"]) == {"tokens", "id", "label"}
     assert len(b["web"]["id"]) + len(b["code"]["id"]) == 4
+    # Arrow parts: each batch carries its own source's schema (the bindings import each schema
+    # into pyarrow once and hand batches over against it; two sources alternate here).
+    m = Mixture(
+        src, weights={"web": 1, "code": 1}, batch_size=4, output="arrow", combine="by_source"
+    )
+    seen = set()
+    for b in itertools.islice(m, 10):
+        for name, rb in b.items():
+            assert rb.schema.equals(src[name].schema, check_metadata=True), (name, rb.schema)
+            seen.add(name)
+            rb.validate(full=True)
+    assert seen == {"web", "code"}
     m = Mixture(src, weights={"web": 1, "code": 1}, output="python", samples=20)
     rows = list(m)
     assert len(rows) == 20

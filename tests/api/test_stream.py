@@ -10,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from harness import (
@@ -354,6 +355,19 @@ def test_torch_batch_types(small):
     assert all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in b["tokens"])
     assert [t.tolist() for t in b["tokens"]] == [datagen.expected_tokens(i) for i in range(14)]
     assert b["text"] == [f"row-{i}" for i in range(14)]
+
+
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_string_columns_are_lists_of_str_with_none_for_null(tmp_path, output):
+    col = ["a", None, "é", "", None, "xyz"]
+    pq.write_table(
+        pa.table({"s": pa.array(col), "l": pa.array(col, pa.large_string())}),
+        tmp_path / "x.parquet",
+    )
+    b = next(iter(ParquetStream(str(tmp_path / "x.parquet"), output=output, batch_size=6)))
+    assert b["s"] == col and b["l"] == col and type(b["s"]) is list
+    rows = list(ParquetStream(str(tmp_path / "x.parquet"), output=output, shuffle_buffer=0))
+    assert [r["s"] for r in rows] == col
 
 
 def test_no_nulls_numeric_batch_is_array(shard_factory):

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use pyo3_arrow::PyRecordBatch;
 use shardstream_core::access::parquet::ParquetRows;
 use shardstream_core::access::Access;
 use shardstream_core::settings::{access_threads, page_cache_bytes, Tuning};
 
 use crate::catalog::RawCatalog;
+use crate::convert::BatchOut;
 use crate::error::{detach, to_py};
 use crate::settings::int;
 
@@ -18,6 +18,7 @@ use crate::settings::int;
 pub struct RawRows {
     access: Access,
     parquet: Arc<ParquetRows>,
+    out: BatchOut,
 }
 
 #[pymethods]
@@ -54,6 +55,7 @@ impl RawRows {
         Ok(RawRows {
             access: Access::new(parquet.clone(), threads),
             parquet,
+            out: BatchOut::default(),
         })
     }
 
@@ -66,7 +68,7 @@ impl RawRows {
     /// `pyarrow.RecordBatch` in that order.
     fn take<'py>(&self, py: Python<'py>, ids: Vec<u64>) -> PyResult<Bound<'py, PyAny>> {
         let batch = detach(py, || self.access.take(&ids))?;
-        PyRecordBatch::new(batch).into_pyarrow(py)
+        self.out.to_pyarrow(py, batch)
     }
 
     /// The page cache's counters in this process.

@@ -1,12 +1,20 @@
-//! Python objects <-> the core's state tree (`serde_json::Value`), and Arrow batches out.
+//! Python objects <-> the core's state tree (`serde_json::Value`), and Arrow batches out
+//! ([`BatchOut`]).
 //!
 //! Only shapes are converted here: what a state's fields must be is the core's business
 //! (`shardstream_core::state::envelope`). What cannot be a state value at all — bytes, objects,
 //! NaN, ints beyond 64 bits, dict keys that are not strings, nesting deeper than any state — is a
 //! `StateError` naming where it is (`state['position']['buffer']`).
 
+use std::sync::{Arc, Mutex};
+
+use arrow_array::ffi::FFI_ArrowArray;
+use arrow_array::{Array, RecordBatch, StructArray};
+use arrow_schema::SchemaRef;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3_arrow::PySchema;
 use serde_json::{Map, Number, Value};
 
 use crate::error::state_error;
@@ -134,4 +142,66 @@ pub fn from_value<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>
 /// Every item of a Python list as a value tree (each a state: `state[...]` in errors).
 pub fn list_to_values(items: &Bound<'_, PyList>) -> PyResult<Vec<Value>> {
     items.iter().map(|it| to_value(&it, "state")).collect()
+}
+
+/// How many schemas a [`BatchOut`] keeps imported (a mixture's parts have one per source).
+const SCHEMAS_KEPT: usize = 8;
+
+static IMPORT_BATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Hands record batches to pyarrow without copying their data, importing each schema into
+/// pyarrow once: a batch crosses the C data interface as a struct array only, imported against
+/// the `pyarrow.Schema` kept here (pyo3-arrow's `into_pyarrow` exports and re-imports the
+/// schema with every batch, which cost more than the batch itself). One per stream (or reader),
+/// so a schema that changes between batches is imported again, never mismatched.
+#[derive(Default)]
+pub struct BatchOut {
+    schemas: Mutex<Vec<(SchemaRef, Py<PyAny>)>>,
+}
+
+impl BatchOut {
+    /// `batch` as a `pyarrow.RecordBatch` (same buffers, same schema incl. metadata).
+    pub fn to_pyarrow<'py>(
+        &self,
+        py: Python<'py>,
+        batch: RecordBatch,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let schema = self.schema(py, batch.schema_ref())?;
+        let data = StructArray::from(batch).into_data();
+        // Boxed so the struct pyarrow moves out of stays put; what pyarrow did not take (an
+        // error before the move) is released by its drop.
+        let mut array = Box::new(FFI_ArrowArray::new(&data));
+        drop(data);
+        let import = IMPORT_BATCH.get_or_try_init(py, || {
+            py.import("pyarrow")?
+                .getattr("RecordBatch")?
+                .getattr("_import_from_c")
+                .map(Bound::unbind)
+        })?;
+        let ptr = &mut *array as *mut FFI_ArrowArray as usize;
+        import.bind(py).call1((ptr, schema))
+    }
+
+    /// The `pyarrow.Schema` of `schema`, imported on first sight. The lock is never held across
+    /// a call into Python (pyarrow releases the GIL while importing).
+    fn schema(&self, py: Python<'_>, schema: &SchemaRef) -> PyResult<Py<PyAny>> {
+        {
+            let mut kept = self.schemas.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = kept.iter().position(|(s, _)| Arc::ptr_eq(s, schema)) {
+                return Ok(kept[i].1.clone_ref(py));
+            }
+            // An equal schema in another allocation (fields, types, metadata all compared).
+            if let Some(i) = kept.iter().position(|(s, _)| s == schema) {
+                kept[i].0 = schema.clone();
+                return Ok(kept[i].1.clone_ref(py));
+            }
+        }
+        let imported = PySchema::new(schema.clone()).into_pyarrow(py)?.unbind();
+        let mut kept = self.schemas.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() >= SCHEMAS_KEPT {
+            kept.remove(0);
+        }
+        kept.push((schema.clone(), imported.clone_ref(py)));
+        Ok(imported)
+    }
 }

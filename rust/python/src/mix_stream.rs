@@ -1,14 +1,14 @@
 //! `RawMixStream`: one iterator's mixed stream (one slot); `RawMixChunk`: an item handed over
 //! as its sources' rows plus each row's source.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use pyo3_arrow::PyRecordBatch;
 use shardstream_core::mix::{MixItem, MixStream};
 use shardstream_core::{Error, Layout};
 
+use crate::convert::BatchOut;
 use crate::error::{detach, guard, to_py};
 use crate::mix_resume::{mixture_state_to_py, RawMixResume};
 use crate::mixture::RawMixture;
@@ -32,6 +32,7 @@ pub struct RawMixChunk {
     #[pyo3(get)]
     tags: Vec<u16>,
     parts: Vec<Option<arrow_array::RecordBatch>>,
+    out: Arc<BatchOut>,
 }
 
 #[pymethods]
@@ -46,7 +47,7 @@ impl RawMixChunk {
         let out = PyList::empty(py);
         for p in &self.parts {
             match p {
-                Some(b) => out.append(PyRecordBatch::new(b.clone()).into_pyarrow(py)?)?,
+                Some(b) => out.append(self.out.to_pyarrow(py, b.clone())?)?,
                 None => out.append(py.None())?,
             }
         }
@@ -58,6 +59,7 @@ impl RawMixChunk {
 #[pyclass(name = "RawMixStream", module = "shardstream._core", frozen)]
 pub struct RawMixStream {
     inner: Mutex<Option<MixStream>>,
+    out: Arc<BatchOut>,
 }
 
 impl RawMixStream {
@@ -105,6 +107,7 @@ impl RawMixStream {
         })?;
         Ok(RawMixStream {
             inner: Mutex::new(Some(stream)),
+            out: Arc::default(),
         })
     }
 
@@ -113,9 +116,10 @@ impl RawMixStream {
     fn next_item<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         Ok(match self.with(py, |s| s.next_item())? {
             None => None,
-            Some(MixItem::Mixed(b)) => Some(PyRecordBatch::new(b).into_pyarrow(py)?),
+            Some(MixItem::Mixed(b)) => Some(self.out.to_pyarrow(py, b)?),
             Some(MixItem::Parts { tags, parts }) => {
-                Some(Bound::new(py, RawMixChunk { tags, parts })?.into_any())
+                let out = self.out.clone();
+                Some(Bound::new(py, RawMixChunk { tags, parts, out })?.into_any())
             }
         })
     }

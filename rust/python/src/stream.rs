@@ -4,10 +4,10 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use pyo3_arrow::PyRecordBatch;
 use shardstream_core::{Error, Layout, Stream};
 
 use crate::catalog::RawCatalog;
+use crate::convert::BatchOut;
 use crate::error::{detach, guard, to_py};
 use crate::resume::{state_into_py, RawResume};
 use crate::settings::RawSettings;
@@ -26,6 +26,7 @@ pub fn layout(
 #[pyclass(name = "RawStream", module = "shardstream._core", frozen)]
 pub struct RawStream {
     inner: Mutex<Option<Stream>>,
+    out: BatchOut,
 }
 
 impl RawStream {
@@ -80,6 +81,7 @@ impl RawStream {
         })?;
         Ok(RawStream {
             inner: Mutex::new(Some(stream)),
+            out: BatchOut::default(),
         })
     }
 
@@ -87,7 +89,7 @@ impl RawStream {
     /// `None` at the end of the pass.
     fn next_item<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         match self.with(py, |s| s.next_item())? {
-            Some(b) => Ok(Some(PyRecordBatch::new(b).into_pyarrow(py)?)),
+            Some(b) => Ok(Some(self.out.to_pyarrow(py, b)?)),
             None => Ok(None),
         }
     }

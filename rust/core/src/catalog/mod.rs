@@ -18,6 +18,7 @@ pub mod ipc;
 mod schema;
 pub mod sidecar;
 pub(crate) mod sources;
+mod validate;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
