@@ -196,18 +196,21 @@ class Converter:
             self._torch = torch
 
     # -- per column -------------------------------------------------------------------------
+    # numpy arrays are views of the Arrow buffers (`_rows._numpy`), not `Array.to_numpy()`:
+    # that imports pandas on its first call (0.3-0.5 s and ~50 MB in every process and
+    # DataLoader worker, on the first batch: a resume's first batch included).
     def _num(self, arr: pa.Array) -> Any:
         if pa.types.is_boolean(arr.type):
-            np_arr = arr.to_numpy(zero_copy_only=False)  # bit-packed: one copy is unavoidable
+            np_arr = _rows._numpy(arr)  # bit-packed: one copy is unavoidable
             return self._torch.from_numpy(np_arr) if self._torch else np_arr
         if self._torch is not None:
             return self._torch.from_dlpack(arr)
-        return arr.to_numpy(zero_copy_only=True)
+        return _rows._numpy(arr)
 
     def _list_num(self, arr: pa.Array, fmt: str = "split") -> Any:
         # Slice the child by the offsets (not ``flatten()``, which drops the values a null row
         # may still point at and would shift every later row).
-        offsets = arr.offsets.to_numpy()
+        offsets = _rows._numpy(arr.offsets)
         values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         if values.null_count:
             return arr.to_pylist()
@@ -219,7 +222,7 @@ class Converter:
         offsets = offsets.astype(np.int64, copy=False)
         if fmt != "split" and not arr.null_count:
             return self._list_joined(flat, offsets, fmt)
-        valid = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
+        valid = _rows._numpy(arr.is_valid()) if arr.null_count else None
         return SplitList._from_parts(flat, offsets, valid)
 
     def _list_joined(self, flat: Any, offsets: np.ndarray, fmt: str) -> Any:
@@ -245,7 +248,8 @@ class Converter:
         if kind == _LIST_NUM:
             return self._list_num(arr, fmt)
         if kind == _STR:
-            # The same list of str/None as to_pylist(), made in C through numpy: ~30% less CPU.
+            # The same list of str/None as to_pylist(), made in C through numpy: ~30% less CPU
+            # per batch (this one does import pandas, once: strings only).
             return arr.to_numpy(zero_copy_only=False).tolist()
         return arr.to_pylist()
 
@@ -281,6 +285,8 @@ class Converter:
         if not arr.null_count:
             v = self._num(arr)
             return list(v.unbind(0)) if self._torch is not None else list(v)
-        filled = arr.fill_null(False if pa.types.is_boolean(arr.type) else 0)
-        vals = self._num_rows(filled)
+        # The values under the nulls are whatever the buffer holds; each is replaced by None.
+        # (Not `fill_null`: its `pa.scalar` imports pandas.)
+        raw = np.array(_rows._numpy(arr))  # a writable copy: torch refuses read-only arrays
+        vals = list(self._torch.from_numpy(raw).unbind(0)) if self._torch is not None else list(raw)
         return [x if ok else None for x, ok in zip(vals, arr.is_valid().to_pylist(), strict=True)]

@@ -496,9 +496,7 @@ def test_a_packing_source_in_a_mixture_yields_its_own_packed_rows(docs):
     ],
     ids=["empty", "dropped"],
 )
-def test_endless_stream_without_a_packable_document_is_an_error_not_a_hang(
-    tmp_path, lengths, pack
-):
+def test_endless_stream_without_a_packable_document_is_an_error_not_a_hang(tmp_path, lengths, pack):
     root = write_docs(str(tmp_path), lengths, shards=2, row_group=4)
     with pytest.raises(ValueError, match="input_ids.*forever"):
         next(iter(stream(root, pack, epochs=None)))
