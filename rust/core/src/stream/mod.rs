@@ -551,6 +551,24 @@ impl Stream {
         // Sized by the rows left in the epoch, not by the request (a batch_size of 10^11 is
         // legal and must not allocate up front).
         let left = (self.spec.output_len() - self.emitted).min(max_rows as u64);
+        if data.missing && self.buffer.rows.len() <= EAGER_BUFFER_BATCHES * max_rows {
+            // A buffer of a few batches: the first batch's picks touch nearly every page the
+            // buffer's rows sit in, so read them all at once rather than those pages twice.
+            let wanted: Vec<(u64, u32)> = (self.buffer.rows.iter().zip(&self.buffer.data))
+                .enumerate()
+                .filter(|(_, (_, l))| l.is_missing())
+                .map(|(i, (&r, _))| (r, i as u32))
+                .collect();
+            let read = read_entries(
+                &self.catalog,
+                wanted,
+                self.opts.read_batch_rows,
+                self.opts.readahead_threads,
+                None,
+            )?;
+            read.apply(&mut self.buffer.data, &mut data.slab);
+            data.missing = false;
+        }
         let mut picks = Vec::with_capacity(left as usize);
         let mut missing = Vec::new();
         let mut src = DataRows {
@@ -650,6 +668,10 @@ pub fn seek_of(
         byte_offset: shard.row_groups[g].byte_offset,
     })
 }
+
+/// Buffers of at most this many output batches are read whole before the first batch after a
+/// restore; larger ones read the first batch's picks first and the rest in the background.
+const EAGER_BUFFER_BATCHES: usize = 16;
 
 fn buffer_key(opts: &StreamOptions, epoch: u64, slot: Slot) -> [u8; 32] {
     derive_key(
