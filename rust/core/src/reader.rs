@@ -378,15 +378,28 @@ fn to_output(
 }
 
 /// Read arbitrary rows by global id (`rows` sorted ascending, unique): one read per row group
-/// touched, each selecting just the wanted rows, spread over up to `threads` scoped threads
-/// (joined before returning, so nothing outlives the call). Returns batches whose rows,
-/// concatenated, are `rows` in order. Used to refill a shuffle buffer from a saved state.
+/// touched, each selecting just the wanted rows (with an offset index, only the pages holding
+/// them are read and decoded), spread over up to `threads` scoped threads (joined before
+/// returning, so nothing outlives the call). Returns batches whose rows, concatenated, are
+/// `rows` in order. Used to refill a shuffle buffer from a saved state.
 pub fn read_rows(
     catalog: &Catalog,
     rows: &[u64],
     batch_rows: usize,
     threads: usize,
 ) -> Result<Vec<RecordBatch>> {
+    read_rows_until(catalog, rows, batch_rows, threads, None)
+}
+
+/// [`read_rows`], giving up (with an error) before its next read once `stop` is set.
+pub fn read_rows_until(
+    catalog: &Catalog,
+    rows: &[u64],
+    batch_rows: usize,
+    threads: usize,
+    stop: Option<&std::sync::atomic::AtomicBool>,
+) -> Result<Vec<RecordBatch>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     // (shard, row group, the slice of `rows` inside it)
     let mut groups = Vec::new();
     let mut i = 0;
@@ -400,28 +413,61 @@ pub fn read_rows(
         groups.push((s, g, &rows[i..j]));
         i = j;
     }
-    let threads = threads.clamp(1, groups.len().max(1));
-    if threads == 1 {
+    let threads = threads.max(1);
+    // Fewer row groups than threads (a buffer from one or two row groups): halve the largest
+    // reads until every thread has one. A cut costs at most a page decoded twice per column.
+    while threads > 1 && !groups.is_empty() && groups.len() < threads {
+        let (k, &(s, g, ids)) = groups
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, x)| x.2.len())
+            .expect("a group");
+        if ids.len() < 2 * MIN_SPLIT_ROWS {
+            break;
+        }
+        let (a, b) = ids.split_at(ids.len() / 2);
+        groups[k] = (s, g, a);
+        groups.insert(k + 1, (s, g, b));
+    }
+    let read = |k: usize| {
+        if stop.is_some_and(|f| f.load(Ordering::Relaxed)) {
+            return Err(Error::Internal("reading rows: stopped".into()));
+        }
+        let (s, g, ids) = groups[k];
+        read_group(catalog, s, g, ids, batch_rows)
+    };
+    let threads = threads.min(groups.len());
+    if threads <= 1 {
         let mut out = Vec::new();
-        for &(s, g, ids) in &groups {
-            out.extend(read_group(catalog, s, g, ids, batch_rows)?);
+        for k in 0..groups.len() {
+            out.extend(read(k)?);
         }
         return Ok(out);
     }
+    // Each thread takes the next unread group: row groups differ widely in rows wanted.
+    let next = AtomicUsize::new(0);
     let mut parts: Vec<Option<Result<Vec<RecordBatch>>>> =
         (0..groups.len()).map(|_| None).collect();
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let groups = &groups;
+            .map(|_| {
+                let (next, read, n) = (&next, &read, groups.len());
                 scope.spawn(move || {
-                    (t..groups.len())
-                        .step_by(threads)
-                        .map(|k| {
-                            let (s, g, ids) = groups[k];
-                            (k, read_group(catalog, s, g, ids, batch_rows))
-                        })
-                        .collect::<Vec<_>>()
+                    let mut done = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= n {
+                            return done;
+                        }
+                        let r = read(k);
+                        let failed = r.is_err();
+                        done.push((k, r));
+                        if failed {
+                            // Let the others stop too: the call fails anyway.
+                            next.store(n, Ordering::Relaxed);
+                            return done;
+                        }
+                    }
                 })
             })
             .collect();
@@ -434,10 +480,14 @@ pub fn read_rows(
     });
     let mut out = Vec::new();
     for p in parts {
-        out.extend(p.expect("every group read")?);
+        // Reads are taken in order, so one never reached comes after a failed one.
+        out.extend(p.ok_or_else(|| Error::Internal("a row group was not read".into()))??);
     }
     Ok(out)
 }
+
+/// Rows below which a row group's read is not cut in two for another thread.
+const MIN_SPLIT_ROWS: usize = 256;
 
 /// The rows `ids` (sorted, unique, all inside row group `g` of shard `s`).
 fn read_group(

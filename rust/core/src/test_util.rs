@@ -12,6 +12,16 @@ use crate::stream::Stream;
 
 /// Shards with uneven row groups (arrow-rs writes an offset index by default).
 pub(crate) fn write_shards(dir: &std::path::Path, rows: &[usize], rg: usize) -> Vec<String> {
+    write_shards_with(dir, rows, rg, true)
+}
+
+/// [`write_shards`], with or without a page index (offset and column index).
+pub(crate) fn write_shards_with(
+    dir: &std::path::Path,
+    rows: &[usize],
+    rg: usize,
+    page_index: bool,
+) -> Vec<String> {
     let mut id = 0i64;
     let mut out = Vec::new();
     for (i, &n) in rows.iter().enumerate() {
@@ -32,11 +42,17 @@ pub(crate) fn write_shards(dir: &std::path::Path, rows: &[usize], rg: usize) -> 
             ("text", Arc::new(text) as ArrayRef),
         ])
         .unwrap();
-        let props = WriterProperties::builder()
+        let mut props = WriterProperties::builder()
             .set_max_row_group_row_count(Some(rg.max(1)))
             .set_data_page_row_count_limit(7)
-            .set_write_batch_size(7)
-            .build();
+            .set_write_batch_size(7);
+        if !page_index {
+            // Page statistics would bring the offset index back with the column index.
+            props = props
+                .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Chunk)
+                .set_offset_index_disabled(true);
+        }
+        let props = props.build();
         let mut w = ArrowWriter::try_new(
             std::fs::File::create(&path).unwrap(),
             batch.schema(),

@@ -9,7 +9,8 @@
 //! `2 * shuffle_buffer + 2 * read_batch_rows` rows.
 //!
 //! The state is always the position after the last *emitted* row; after a restore the buffer's
-//! rows are re-read by id (hydration) before the next output.
+//! rows are re-read by id: the next batch reads the rows it picks, the rest are read in the
+//! background while it is used (`slab.rs`).
 
 mod input;
 mod items;
@@ -32,7 +33,7 @@ pub use crate::settings::StreamOptions;
 use crate::shuffle::Buffer;
 use crate::state::{check_state, Base64Cache, Seek, SlotState};
 use input::{CoordRows, DataRows, Input};
-use slab::{hydrate, DataSide, Loc, Slab};
+use slab::{read_entries, DataSide, Loc, Refill, Slab};
 
 /// The stream of one slot.
 pub struct Stream {
@@ -315,7 +316,7 @@ impl Stream {
         self.emitted = 0;
         self.buffer = Buffer::new(self.opts.shuffle_buffer);
         self.buffer.rows = self.spec.injected.clone();
-        self.buffer.data = vec![Loc::default(); self.buffer.rows.len()];
+        self.buffer.data = vec![Loc::MISSING; self.buffer.rows.len()];
         self.data = None;
     }
 
@@ -342,7 +343,7 @@ impl Stream {
         self.emitted = st.emitted;
         self.rng.set_word_pos(st.rng_word_pos);
         self.buffer.rows = st.buffer.clone();
-        self.buffer.data = vec![Loc::default(); st.buffer.len()];
+        self.buffer.data = vec![Loc::MISSING; st.buffer.len()];
         self.batch_start = None;
         if let Some(p) = &mut self.pack {
             p.reset(st.pack.clone());
@@ -474,11 +475,12 @@ impl Stream {
     }
 
     fn data_side(&mut self) -> Result<&mut DataSide> {
-        if self
-            .data
-            .as_ref()
-            .is_some_and(|d| !d.input.owned_by_this_process())
-        {
+        if self.data.as_ref().is_some_and(|d| {
+            !d.input.owned_by_this_process()
+                || d.refill
+                    .as_ref()
+                    .is_some_and(|r| !r.owned_by_this_process())
+        }) {
             // Forked since readahead started: the threads are gone and their channels' locks may
             // be held forever. Abandon (never drop) that side and rebuild it from the state.
             std::mem::forget(self.data.take());
@@ -491,18 +493,15 @@ impl Stream {
                 self.cursor,
                 &self.opts,
             );
-            let mut slab = Slab::default();
-            if !self.buffer.rows.is_empty() {
-                // Refill with as many threads as readahead may use (scoped: joined right here).
-                hydrate(
-                    &self.catalog,
-                    &mut self.buffer,
-                    &mut slab,
-                    self.opts.read_batch_rows,
-                    self.opts.readahead_threads,
-                )?;
-            }
-            self.data = Some(DataSide { input, slab });
+            // The buffer's data is read again by id: the rows the next batch picks first, the
+            // rest in the background (next_shuffled).
+            self.buffer.data.fill(Loc::MISSING);
+            self.data = Some(DataSide {
+                input,
+                slab: Slab::default(),
+                refill: None,
+                missing: !self.buffer.rows.is_empty(),
+            });
         }
         Ok(self.data.as_mut().expect("just set"))
     }
@@ -537,11 +536,41 @@ impl Stream {
     fn next_shuffled(&mut self, max_rows: usize) -> Result<RecordBatch> {
         let len = self.spec.input_len();
         self.data_side()?;
-        let data = self.data.as_mut().expect("hydrated");
+        let data = self.data.as_mut().expect("just set");
+        if let Some(r) = data.refill.take() {
+            let done = r.finish(
+                &self.catalog,
+                &mut self.buffer,
+                &mut data.slab,
+                self.opts.read_batch_rows,
+            );
+            // On failure the entries stay missing: read them again next time.
+            data.missing = done.is_err();
+            done?;
+        }
         // Sized by the rows left in the epoch, not by the request (a batch_size of 10^11 is
         // legal and must not allocate up front).
         let left = (self.spec.output_len() - self.emitted).min(max_rows as u64);
+        if data.missing && self.buffer.rows.len() <= EAGER_BUFFER_BATCHES * max_rows {
+            // A buffer of a few batches: the first batch's picks touch nearly every page the
+            // buffer's rows sit in, so read them all at once rather than those pages twice.
+            let wanted: Vec<(u64, u32)> = (self.buffer.rows.iter().zip(&self.buffer.data))
+                .enumerate()
+                .filter(|(_, (_, l))| l.is_missing())
+                .map(|(i, (&r, _))| (r, i as u32))
+                .collect();
+            let read = read_entries(
+                &self.catalog,
+                wanted,
+                self.opts.read_batch_rows,
+                self.opts.readahead_threads,
+                None,
+            )?;
+            read.apply(&mut self.buffer.data, &mut data.slab);
+            data.missing = false;
+        }
         let mut picks = Vec::with_capacity(left as usize);
+        let mut missing = Vec::new();
         let mut src = DataRows {
             input: &mut data.input,
             slab: &mut data.slab,
@@ -560,10 +589,35 @@ impl Stream {
                     if track {
                         self.ids.push(id);
                     }
+                    if loc.is_missing() {
+                        missing.push((id, picks.len() as u32));
+                    }
                     picks.push(loc)
                 }
                 None => break,
             }
+        }
+        if !missing.is_empty() {
+            // Picked before their data was read (the first batch after a restore): read them
+            // now, on as many threads as readahead may use (scoped: joined right here).
+            let read = read_entries(
+                &self.catalog,
+                missing,
+                self.opts.read_batch_rows,
+                self.opts.readahead_threads,
+                None,
+            )?;
+            read.apply(&mut picks, &mut data.slab);
+        }
+        if data.missing {
+            // The rest of the buffer is read in the background while this batch is used.
+            data.refill = Refill::start(
+                &self.catalog,
+                &self.buffer,
+                self.opts.read_batch_rows,
+                self.opts.readahead_threads,
+            )?;
+            data.missing = false;
         }
         let out = data.slab.gather(self.catalog.schema(), &picks)?;
         for l in &picks {
@@ -572,7 +626,11 @@ impl Stream {
         // Compact when retained batches hold far more rows than the buffer needs.
         let limit =
             2 * self.buffer.capacity.max(self.buffer.rows.len()) + 2 * self.opts.read_batch_rows;
-        if data.slab.live_rows > limit && !self.buffer.rows.is_empty() {
+        if data.slab.live_rows > limit
+            && !self.buffer.rows.is_empty()
+            && data.refill.is_none()
+            && !data.missing
+        {
             let merged = data.slab.gather(self.catalog.schema(), &self.buffer.data)?;
             for l in &self.buffer.data {
                 data.slab.release(l.batch);
@@ -610,6 +668,10 @@ pub fn seek_of(
         byte_offset: shard.row_groups[g].byte_offset,
     })
 }
+
+/// Buffers of at most this many output batches are read whole before the first batch after a
+/// restore; larger ones read the first batch's picks first and the rest in the background.
+const EAGER_BUFFER_BATCHES: usize = 16;
 
 fn buffer_key(opts: &StreamOptions, epoch: u64, slot: Slot) -> [u8; 32] {
     derive_key(
@@ -664,7 +726,13 @@ mod tests {
                 let st = s.state();
                 let mut resumed = Stream::new(cat.clone(), opts(shuffle, threads, 2), slot).unwrap();
                 resumed.restore(&st).unwrap();
-                prop_assert_eq!(&drain(&mut resumed, bs)[..], &reference[k..]);
+                // One batch, its state taken and restored while the rest of the buffer may
+                // still be read in the background (that read is dropped), then the rest.
+                let first = resumed.next_batch(bs).unwrap().map(|b| ids(&b));
+                prop_assert_eq!(first.as_ref(), reference.get(k));
+                let st = resumed.state();
+                resumed.restore(&st).unwrap();
+                prop_assert_eq!(&drain(&mut resumed, bs)[..], &reference[(k + 1).min(reference.len())..]);
                 seen.extend(reference.into_iter().flatten());
             }
             // Two epochs: every row exactly twice over all slots.
