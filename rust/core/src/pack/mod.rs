@@ -47,6 +47,21 @@ pub const SOURCE_IDS: &str = "source_ids";
 /// Rows the packer reads from its stream at a time.
 const PULL_ROWS: usize = 64;
 
+/// Most packed rows allocated at once for one item.
+const MAX_ITEM_ROWS: u64 = 1 << 20;
+
+/// Packed rows per item: `batch_size` (one in row mode), refused past [`MAX_ITEM_ROWS`] before
+/// anything is allocated for them.
+pub fn item_rows(batch_size: Option<u64>) -> Result<usize> {
+    let n = batch_size.unwrap_or(1);
+    if n > MAX_ITEM_ROWS {
+        return Err(Error::Config(format!(
+            "with packing, batch_size is at most {MAX_ITEM_ROWS} packed rows, got {n}"
+        )));
+    }
+    Ok(n as usize)
+}
+
 /// The packer's settings; a saved state records them (`state['settings']['pack']`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

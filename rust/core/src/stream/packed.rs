@@ -8,20 +8,11 @@ use crate::error::{Error, Result};
 use crate::pack::Packer;
 use crate::reader::read_rows;
 
-/// Most packed rows allocated at once for one item.
-const MAX_ITEM_ROWS: u64 = 1 << 20;
-
 impl Stream {
     /// The next item of packed rows, or `None` at the end of the pass (the last item may be
     /// short unless `drop_last`).
     pub(super) fn next_packed(&mut self) -> Result<Option<RecordBatch>> {
-        let n = self.settings.batch_size.unwrap_or(1);
-        if n > MAX_ITEM_ROWS {
-            return Err(Error::Config(format!(
-                "with packing, batch_size is at most {MAX_ITEM_ROWS} packed rows, got {n}"
-            )));
-        }
-        let n = n as usize;
+        let n = crate::pack::item_rows(self.settings.batch_size)?;
         let mut packer = self.pack.take().expect("a packing stream");
         let out = self.pack_rows(&mut packer, n, None);
         self.pack = Some(packer);

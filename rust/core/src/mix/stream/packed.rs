@@ -15,7 +15,6 @@ use crate::reader::read_rows;
 use crate::settings::Layout;
 
 /// Most packed rows allocated at once for one item (as a single stream's).
-const MAX_ITEM_ROWS: u64 = 1 << 20;
 
 /// The packer of `layout`'s slot, with the pending documents `resume` gives it.
 pub(super) fn packer(
@@ -49,13 +48,7 @@ impl MixStream {
         if self.ended {
             return Ok(None);
         }
-        let n = self.cfg.settings.batch_size.unwrap_or(1);
-        if n > MAX_ITEM_ROWS {
-            return Err(Error::Config(format!(
-                "with packing, batch_size is at most {MAX_ITEM_ROWS} packed rows, got {n}"
-            )));
-        }
-        let n = n as usize;
+        let n = crate::pack::item_rows(self.cfg.settings.batch_size)?;
         let mut p = self.packer.take().expect("a packing mixture");
         let out = self.pack_rows(&mut p, n);
         self.packer = Some(p);

@@ -23,7 +23,6 @@ use crate::error::{Error, Result};
 use crate::mix::rule::{Avail, Mixer};
 
 /// Most packed rows allocated at once for one item (as a single stream's).
-const MAX_ITEM_ROWS: u64 = 1 << 20;
 
 /// What the mixer may count on: a packing source in the mix is unbounded until found run out
 /// (`dry`), one out of the mix has nothing.
@@ -51,13 +50,7 @@ impl MixStream {
         if self.ended {
             return Ok(None);
         }
-        let n = self.cfg.settings.batch_size.unwrap_or(1);
-        if n > MAX_ITEM_ROWS {
-            return Err(Error::Config(format!(
-                "with packing, batch_size is at most {MAX_ITEM_ROWS} packed rows, got {n}"
-            )));
-        }
-        let n = n as usize;
+        let n = crate::pack::item_rows(self.cfg.settings.batch_size)?;
         let k = self.streams.len();
         let mut dry = vec![false; k];
         let mut rows: Vec<RecordBatch> = Vec::with_capacity(n.min(1 << 12));
