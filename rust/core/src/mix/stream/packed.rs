@@ -14,8 +14,6 @@ use crate::pack::{DocRef, Packer};
 use crate::reader::read_rows;
 use crate::settings::Layout;
 
-/// Most packed rows allocated at once for one item (as a single stream's).
-
 /// The packer of `layout`'s slot, with the pending documents `resume` gives it.
 pub(super) fn packer(
     cfg: &MixConfig,

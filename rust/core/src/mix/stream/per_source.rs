@@ -22,8 +22,6 @@ use super::{in_source, MixItem, MixStream};
 use crate::error::{Error, Result};
 use crate::mix::rule::{Avail, Mixer};
 
-/// Most packed rows allocated at once for one item (as a single stream's).
-
 /// What the mixer may count on: a packing source in the mix is unbounded until found run out
 /// (`dry`), one out of the mix has nothing.
 pub(super) fn avail(mixer: &Mixer, dry: &[bool]) -> Avail {
