@@ -60,8 +60,8 @@ def doc_order(srcs, **kw):
     return [int(i) for b in mixture(srcs, None, columns=("id",), **kw) for i in b["id"]]
 
 
-def run(srcs, pack, state=None, n=None, **kw):
-    ds = mixture(srcs, pack, **kw)
+def take(ds, state=None, n=None):
+    """``ds``'s items (the first ``n``), from ``state`` if given, and its state after them."""
     if state is not None:
         ds.load_state_dict(state)
     out = []
@@ -70,6 +70,10 @@ def run(srcs, pack, state=None, n=None, **kw):
         if n is not None and len(out) == n:
             break
     return out, ds.state_dict()
+
+
+def run(srcs, pack, state=None, n=None, **kw):
+    return take(mixture(srcs, pack, **kw), state, n)
 
 
 def check_sources(items):
@@ -355,15 +359,7 @@ def test_per_source_drop_emits_every_token_once_and_cycle_caps_epochs(srcs):
 
 
 def per_run(srcs, state=None, n=None, **kw):
-    ds = per_source(srcs, **kw)
-    if state is not None:
-        ds.load_state_dict(state)
-    out = []
-    for b in ds:
-        out.append(b)
-        if n is not None and len(out) == n:
-            break
-    return out, ds.state_dict()
+    return take(per_source(srcs, **kw), state, n)
 
 
 def same_items(a, b):
