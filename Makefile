@@ -197,11 +197,6 @@ WHEEL_BUILD_ARGS ?=
 export MATURIN_NO_MISSING_BUILD_BACKEND_WARNING := 1
 PIP_WHEEL = $(PY) -m pip wheel $(PIP_FLAGS) --no-build-isolation --no-deps -v \
             $(if $(WHEEL_BUILD_ARGS),--config-settings 'maturin.build-args=$(WHEEL_BUILD_ARGS)')
-# The backend's build requirements (ziglang), again if the backend changed.
-WHEEL_DEPS_STAMP := $(VENV)/.shardstream-wheel-deps
-$(WHEEL_DEPS_STAMP): $(BOOT_STAMP) build_backend/shardstream_backend.py
-	$(install_build_requires)
-	@touch $@
 # What test-wheel runs against the installed wheel: what the wheel's own build (zig linker,
 # manylinux2014, stripped) could change -- the API over every codec and format, the CLI entry
 # point, the docs' examples, and the object-store HTTP/TLS stack on its main paths. Left to
@@ -218,7 +213,7 @@ WHEEL_TEST_SELECT ?= $(foreach p,$(WHEEL_IGNORE),'--ignore-glob=$(CURDIR)/tests/
 PYTEST_WHEEL_ARGS ?= $(PYTEST_ARGS) $(WHEEL_TEST_SELECT)
 
 .PHONY: wheel
-wheel: $(WHEEL_DEPS_STAMP) ## Build the release wheel into dist/ (abi3, CPython >= 3.10; manylinux2014 via zig on Linux)
+wheel: $(BOOT_STAMP) ## Build the release wheel into dist/ (abi3, CPython >= 3.10; manylinux2014 via zig on Linux)
 	@mkdir -p $(DIST_DIR) && rm -f $(DIST_DIR)/shardstream-*.whl
 	$(PIP_WHEEL) --wheel-dir $(DIST_DIR) .
 	@ls -l $(DIST_DIR)/shardstream-*.whl
@@ -236,7 +231,7 @@ sdist: $(BOOT_STAMP) ## Build the source distribution into dist/ (maturin sdist)
 WHEEL_TEST_DIR ?= $(DIST_DIR)/test-wheel
 
 .PHONY: test-wheel
-test-wheel: $(WHEEL_DEPS_STAMP) ## Build wheel + sdist, pytest against the wheel in a fresh venv (no cargo/rustc)
+test-wheel: $(BOOT_STAMP) ## Build wheel + sdist, pytest against the wheel in a fresh venv (no cargo/rustc)
 	@rm -rf $(WHEEL_TEST_DIR) && mkdir -p $(WHEEL_TEST_DIR)
 	$(PIP_WHEEL) --wheel-dir $(WHEEL_TEST_DIR) .
 	$(MATURIN) sdist --out $(WHEEL_TEST_DIR)
