@@ -146,3 +146,27 @@ def test_lightning_fit_resume(rows, tmp_path):
 
 if __name__ == "__main__":
     job_main(job)
+
+
+def test_lag_count_of_an_even_batches_state_is_its_steps(monkeypatch):
+    """ShardstreamCheckpoints finds the state of the batch trained on by the batches yielded;
+    under shardstream.EvenBatches that is the wrapper's step count (padding included), not its
+    loader's (which stops while the rank pads). In-process with a stand-in for Lightning's
+    Callback: importing Lightning costs seconds."""
+    import sys
+    import types
+
+    fake = {n: types.ModuleType(n) for n in ("lightning", "lightning.pytorch")}
+    fake["lightning.pytorch.callbacks"] = types.ModuleType("lightning.pytorch.callbacks")
+    fake["lightning.pytorch.callbacks"].Callback = object  # type: ignore[attr-defined]
+    for name, mod in fake.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.delitem(sys.modules, "shardstream.integrations.lightning", raising=False)
+    try:
+        from shardstream.integrations.lightning import _yielded
+
+        loader = {"_num_yielded": 7, "_iterator_finished": True}
+        assert _yielded([loader]) == 7
+        assert _yielded([{"even_batches": {"steps": 11, "out": True}, "loader": loader}]) == 11
+    finally:
+        sys.modules.pop("shardstream.integrations.lightning", None)
