@@ -3,10 +3,10 @@
 A packed stream's ranks read equal numbers of documents (``even=``), but how many packed rows
 those documents make depends on their token lengths, which no rank knows for the others without
 reading them. Under DDP a rank that runs out first leaves the others waiting in their next
-collective (a hang). So the ranks agree as they go: before each batch, one all_reduce (MAX) of
-"this rank has a batch" and "this rank has none" over the group, in the main process
-(DataLoader workers have no process group), then either every rank yields (padding batches on
-the ranks that ran out: ``"pad"``) or all stop (``"drop"``).
+collective (a hang). So the ranks agree as they go: before each batch, one all_reduce (MAX)
+over the group of "this rank has a batch", "this rank has none" (and "cannot pad"), in the
+main process (DataLoader workers have no process group), then either every rank yields
+(padding batches on the ranks that ran out: ``"pad"``) or all stop (``"drop"``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class EvenBatches:
             tensor or pipeline parallelism, the data-parallel group).
 
     Without ``torch.distributed`` initialized, or with one rank in ``group``, it yields the
-    loader's batches unchanged. Each step costs one all_reduce of two integers (on the current
+    loader's batches unchanged. Each step costs one all_reduce of three integers (on the current
     CUDA device under ``nccl``, on the CPU otherwise), which every rank of the group makes
     together: iterate it in the main process, on every rank, in step.
 
@@ -136,6 +136,8 @@ class EvenBatches:
 
     # -- state ----------------------------------------------------------------------------
     def _own(self) -> dict[str, Any]:
+        if self._resume is not None:  # loaded, not iterated yet: still the loaded position
+            return dict(self._resume)
         dist = _dist()
         rank, world = (
             (dist.get_rank(self.group), dist.get_world_size(self.group)) if dist else (0, 1)
@@ -230,11 +232,20 @@ class EvenBatches:
                 except StopIteration:
                     it, self._out = None, True
             has = batch is not None
-            flags = torch.tensor([has, not has], dtype=torch.int32, device=device)
+            # A rank that would pad without knowing a padding batch's shape: all ranks raise
+            # together (alone, it would leave the others waiting in this all_reduce).
+            stuck = self.policy == "pad" and not has and self._like is None
+            flags = torch.tensor([has, not has, stuck], dtype=torch.int32, device=device)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-            any_has, any_out = (bool(x) for x in flags.tolist())
+            any_has, any_out, any_stuck = (bool(x) for x in flags.tolist())
             if not any_has:
                 break
+            if any_stuck:
+                raise ValueError(
+                    'EvenBatches policy="pad": a rank ran out before yielding any batch of '
+                    "packed rows in this pass, so it has no batch shape to pad with (every "
+                    "rank needs at least one packed batch per pass: more data or fewer ranks)"
+                )
             if self.policy == "drop" and any_out:
                 if it is not None:
                     self.dropped = 1 + sum(1 for _ in it)  # this batch and the rest of the pass
@@ -249,21 +260,13 @@ class EvenBatches:
             else:
                 self.padded += 1
                 self.padding = True
-                yield self._pad()
+                like = self._like
+                assert like is not None  # any_stuck otherwise
+                yield _padding(like, self._pad_id)
         # The pass is over on every rank: the next one starts afresh (a state saved now
         # resumes there).
         self._steps = 0
         self._out = False
-
-    def _pad(self) -> Any:
-        like = self._like
-        if like is None:
-            raise ValueError(
-                "EvenBatches: this rank yielded no batch in this pass and must pad, but the "
-                "shape of a padding batch is that of the rank's last real batch: give every "
-                "rank at least one batch (fewer ranks, or more data)"
-            )
-        return _padding(like, self._pad_id)
 
     def __repr__(self) -> str:
         return f"EvenBatches({self.loader!r}, policy={self.policy!r})"
@@ -286,22 +289,28 @@ def _like(batch: Any) -> dict[str, Any] | None:
     return out
 
 
+_INT_DTYPES = {f"{u}int{b}" for u in ("", "u") for b in (8, 16, 32, 64)}
+
+
 def _is_like(like: Any) -> bool:
-    return isinstance(like, dict) and all(
-        isinstance(k, str)
-        and isinstance(v, list)
-        and len(v) == 3
-        and v[0] in ("int", "numpy", "torch")
-        and isinstance(v[2], list)
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v[2])
-        for k, v in like.items()
+    """Whether a saved ``like`` is one :func:`_like` makes (it names dtypes to build)."""
+    return (
+        isinstance(like, dict)
+        and _PACKED <= set(like) <= _PACKED | {"source_ids"}
+        and all(
+            isinstance(v, list)
+            and len(v) == 3
+            and (v[:2] == ["int", None] if k == "max_seqlen" else v[0] in ("numpy", "torch"))
+            and (k == "max_seqlen" or v[1] in _INT_DTYPES)
+            and isinstance(v[2], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in v[2])
+            for k, v in like.items()
+        )
     )
 
 
-def _padding(like: dict[str, Any] | None, pad_id: int) -> dict[str, Any]:
+def _padding(like: dict[str, Any], pad_id: int) -> dict[str, Any]:
     """A padding batch shaped like ``like``: no document, no label token."""
-    if like is None:
-        raise ValueError("EvenBatches: the last real batch was not a packed batch; cannot pad")
     kind, _, shape = like["input_ids"]
     rows, seq_len = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])
     import numpy as np

@@ -524,6 +524,8 @@ def test_even_batches_without_a_process_group_passes_batches_and_state_through(d
     for state in (st, st["loader"]):  # its own state, or a bare loader state
         w = EvenBatches(stream(root, p), "drop")
         w.load_state_dict(state)
+        if state is st:  # loaded, not iterated yet: its state is the loaded one
+            assert w.state_dict() == st
         assert same(head + list(w), full)
 
 
@@ -578,3 +580,17 @@ def test_even_batches_bad_arguments_are_named(docs):
         EvenBatches(stream(root, PACK64), "pad").load_state_dict(bad)
     with pytest.raises(ValueError, match="keys"):
         EvenBatches(stream(root, PACK64), "pad").load_state_dict({**st, "x": 1})
+    like = {"max_seqlen": ["int", None, []]}
+    like |= {k: ["torch", "int64", [2, 64]] for k in ("input_ids", "labels", "position_ids")}
+    like |= {"segment_ids": ["torch", "int64", [2, 64]], "cu_seqlens": ["torch", "int32", [3]]}
+    good = {**st, "even_batches": {**st["even_batches"], "like": like}}
+    EvenBatches(stream(root, PACK64), "pad").load_state_dict(good)
+    for k, v in (
+        ("input_ids", ["torch", "float64", [2, 64]]),
+        ("labels", ["torch", "x", [2]]),
+        ("segment_ids", ["numpy", "int64", [-1]]),
+        ("source", ["torch", "int16", [2]]),
+    ):
+        bad = {**st, "even_batches": {**st["even_batches"], "like": {**like, k: v}}}
+        with pytest.raises(ValueError, match="'like'"):
+            EvenBatches(stream(root, PACK64), "pad").load_state_dict(bad)

@@ -623,7 +623,8 @@ def test_even_batches_packed_ranks_yield_equal_counts(tmp_path):
     rank's real batches are its own stream's (full comparison) followed by padding only, and
     the real tokens over both ranks are every document's exactly once; "drop" stops both at
     the shorter rank's count, yields prefixes and reports what it dropped; a resume in the
-    padding phase (2 workers, torch.save) yields the same remaining batches on every rank."""
+    padding phase (2 workers, torch.save) yields the same remaining batches on every rank; a
+    rank with no batch to shape padding on makes every rank raise (not hang)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from shardstream import Pack
@@ -712,6 +713,7 @@ def test_even_batches_packed_ranks_yield_equal_counts(tmp_path):
         assert drop == refs[r][: min(n)], f"drop: rank {r} did not yield its first {min(n)}"
         assert res[r]["drop_dropped"] == n[r] - min(n)
         assert res[r]["drop_finished"] and res[r]["pad_finished"], "the loader's pass is not over"
+        assert "a rank ran out before yielding any batch" in res[r]["no_batch"], res[r]["no_batch"]
         # 2 workers per rank: equal counts, and the resume is inside the short rank's padding
         w2, k = res[r]["pad_w2"], res[r]["k"]
         assert len(w2) == len(res[1 - r]["pad_w2"])

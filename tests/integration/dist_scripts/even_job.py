@@ -2,6 +2,7 @@
 tests/integration/test_distributed.py (2 gloo processes). One launch runs every case:
 
 * ``pad``: the whole pass; ``drop``: the whole pass, and the batches each rank dropped;
+* ``no_batch``: ``pad`` where rank 0 has no batch at all (the error each rank raised);
 * ``pad_w2``: ``pad`` through a 2-worker StatefulDataLoader, the whole pass;
 * ``resume``: the same, stopped ``k`` steps in (one step after the rank with fewest real
   batches ran out, so inside its padding phase), saved with ``torch.save``, then a fresh
@@ -62,6 +63,19 @@ def main() -> None:
         out[f"{policy}_dropped"] = even.dropped
         out[f"{policy}_padded"] = even.padded
         out[f"{policy}_finished"] = even.state_dict()["loader"]["_iterator_finished"]
+
+    # Rank 0's documents are all longer than seq_len: with long_docs="drop" it has no batch,
+    # so nothing to shape padding on; every rank must raise (not rank 0 alone: a hang).
+    ds = ParquetStream(
+        spec["source"],
+        columns=["input_ids"],
+        pack=Pack(**spec["pack"], long_docs="drop"),
+        **spec["settings"],
+    )
+    try:
+        out["no_batch"] = [rec(b) for b in EvenBatches(ds, "pad")]
+    except ValueError as e:
+        out["no_batch"] = str(e)
 
     even = EvenBatches(loader(2), "pad")
     out["pad_w2"] = [rec(b) for b in even]
