@@ -502,3 +502,95 @@ def test_endless_stream_without_a_packable_document_is_an_error_not_a_hang(tmp_p
         next(iter(stream(root, pack, epochs=None)))
     # a finite pass just ends (nothing to pack)
     assert list(stream(root, pack, epochs=2)) == []
+
+
+# -- EvenBatches (the 2-rank runs are in tests/integration/test_distributed.py) ----------------
+def test_even_batches_without_a_process_group_passes_batches_and_state_through(docs):
+    from shardstream import EvenBatches
+    from shardstream.checkpoint import state_summaries
+
+    root, _ = docs
+    p = ALGOS[1]
+    full = list(stream(root, p))
+    w = EvenBatches(stream(root, p), "pad")
+    got = list(w)
+    assert len(got) == len(full) and same(got, full) and (w.padded, w.dropped) == (0, 0)
+    w = EvenBatches(stream(root, p), "drop")
+    head = [b for _, b in zip(range(4), w, strict=False)]
+    st = w.state_dict()
+    assert set(st) == {"even_batches", "loader"} and st["even_batches"]["steps"] == 4
+    # the stream's state is found inside (DCP's dcp_entries, elastic loads, summaries)
+    assert [s["slot"] for s in state_summaries(st)] == [st["loader"]["slot"]]
+    for state in (st, st["loader"]):  # its own state, or a bare loader state
+        w = EvenBatches(stream(root, p), "drop")
+        w.load_state_dict(state)
+        if state is st:  # loaded, not iterated yet: its state is the loaded one
+            assert w.state_dict() == st
+        assert same(head + list(w), full)
+
+
+def test_even_batches_padding_is_a_packed_batch_without_tokens(docs):
+    from shardstream.even import _like, _padding
+
+    root, _ = docs
+    for kw in (dict(batch_size=3), dict(batch_size=None)):
+        for output in ("numpy", "torch"):
+            b = next(iter(stream(root, ALGOS[1], output=output, **kw)))
+            n = b["input_ids"].shape[0] if kw["batch_size"] else 1
+            seg = b["segment_ids"]  # as a Mixture's source_ids (int16)
+            b["source_ids"] = seg.astype(np.int16) if output == "numpy" else seg.short()
+            pad = _padding(_like(b), pad_id=5)
+            assert sorted(pad) == sorted(b)
+            for k, v in pad.items():
+                if k != "max_seqlen":
+                    assert type(v) is type(b[k]) and v.dtype == b[k].dtype, k
+                    assert tuple(v.shape) == tuple(b[k].shape), k
+            as_np = {k: np.asarray(v) for k, v in pad.items() if k != "max_seqlen"}
+            as_np = {k: v.reshape(n, -1) if k != "cu_seqlens" else v for k, v in as_np.items()}
+            as_np["max_seqlen"] = pad["max_seqlen"]
+            rows = check_rows([as_np], 64, pad=5)
+            assert tokens(rows) == [] and np.all(as_np["source_ids"] == -1)
+            assert as_np["cu_seqlens"].tolist() == [64 * i for i in range(n + 1)]
+
+
+def test_even_batches_bad_arguments_are_named(docs):
+    from shardstream import EvenBatches
+    from torch.utils.data import DataLoader
+
+    root, _ = docs
+    with pytest.raises(ValueError, match="policy must be one of"):
+        EvenBatches(stream(root, PACK64), "even")
+    with pytest.raises(TypeError, match="loader must be an iterable"):
+        EvenBatches(3, "drop")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match='policy="pad" needs a packed'):
+        EvenBatches(ParquetStream(root, columns=["id"], batch_size=4), "pad")
+    EvenBatches(ParquetStream(root, columns=["id"], batch_size=4), "drop")  # any loader
+    with pytest.raises(ValueError, match="output='python'"):
+        EvenBatches(stream(root, PACK64, output="python"), "pad")
+    with pytest.raises(ValueError, match="batch_size=2"):
+        EvenBatches(DataLoader(stream(root, PACK64, batch_size=None), batch_size=2), "pad")
+    with pytest.raises(TypeError, match="has no state_dict"):
+        EvenBatches([1, 2], "drop").state_dict()
+    st = EvenBatches(stream(root, PACK64), "pad").state_dict()
+    w = EvenBatches(stream(root, PACK64), "drop")
+    with pytest.raises(ValueError, match="policy='pad'"):
+        w.load_state_dict(st)
+    bad = {**st, "even_batches": {**st["even_batches"], "steps": -1}}
+    with pytest.raises(ValueError, match="'steps'"):
+        EvenBatches(stream(root, PACK64), "pad").load_state_dict(bad)
+    with pytest.raises(ValueError, match="keys"):
+        EvenBatches(stream(root, PACK64), "pad").load_state_dict({**st, "x": 1})
+    like = {"max_seqlen": ["int", None, []]}
+    like |= {k: ["torch", "int64", [2, 64]] for k in ("input_ids", "labels", "position_ids")}
+    like |= {"segment_ids": ["torch", "int64", [2, 64]], "cu_seqlens": ["torch", "int32", [3]]}
+    good = {**st, "even_batches": {**st["even_batches"], "like": like}}
+    EvenBatches(stream(root, PACK64), "pad").load_state_dict(good)
+    for k, v in (
+        ("input_ids", ["torch", "float64", [2, 64]]),
+        ("labels", ["torch", "x", [2]]),
+        ("segment_ids", ["numpy", "int64", [-1]]),
+        ("source", ["torch", "int16", [2]]),
+    ):
+        bad = {**st, "even_batches": {**st["even_batches"], "like": {**like, k: v}}}
+        with pytest.raises(ValueError, match="'like'"):
+            EvenBatches(stream(root, PACK64), "pad").load_state_dict(bad)

@@ -142,13 +142,20 @@ def test_resume_at_a_sources_epoch_boundary(srcs):
         assert same(head + tail, full)
 
 
-def test_stateful_dataloader_workers_resume_exactly(srcs):
+@pytest.mark.parametrize("order", ["after_mixing", "per_source"])
+def test_stateful_dataloader_workers_resume_exactly(srcs, order):
+    """2 workers, each its own slot's mixture: a resume continues with exactly the uninterrupted
+    run's packed rows (and source_ids). Per source: b runs out ("drop") in each worker at its
+    own item, found out late; a resume before and after that."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     pack = Pack(seq_len=48, algorithm="best_fit", buffer_docs=8)
 
     def loader(state=None):
-        ds = mixture(srcs, pack, batch_size=2, output="torch")
+        if order == "after_mixing":
+            ds = mixture(srcs, pack, batch_size=2, output="torch")
+        else:
+            ds = per_source(srcs, on_exhausted="drop", samples=None, batch_size=2, output="torch")
         dl = StatefulDataLoader(ds, batch_size=None, num_workers=2)
         if state is not None:
             dl.load_state_dict(state)
@@ -159,16 +166,24 @@ def test_stateful_dataloader_workers_resume_exactly(srcs):
 
     full = [np_(b) for b in loader()]
     check_rows(full, 48)
-    check_sources(full)
-    dl = loader()
-    head = []
-    for b in dl:
-        head.append(np_(b))
-        if len(head) == 5:
-            break
-    st = dl.state_dict()
-    tail = [np_(b) for b in loader(st)]
-    assert same(head + tail, full)
+    if order == "after_mixing":
+        check_sources(full)
+        points = [5]
+    else:
+        _, tags = split_rows(full)
+        last_b = int(np.flatnonzero(tags == 1)[-1]) // 2  # the item of b's last row
+        assert 5 < last_b < len(full) - 3
+        points = [5, len(full) - 3]
+    for k in points:
+        dl = loader()
+        head = []
+        for b in dl:
+            head.append(np_(b))
+            if len(head) == k:
+                break
+        st = dl.state_dict()
+        tail = [np_(b) for b in loader(st)]
+        assert same_items(head + tail, full), f"resume after {k} items"
 
 
 @pytest.mark.parametrize("pack", ALGOS, ids=["concat", "best_fit"])

@@ -608,3 +608,121 @@ def test_dcp_two_phase_reads_only_the_needed_states(data, tmp_path):
     )
     with pytest.raises(StateError, match="'shardstream/summaries/rank0' is a list, expected"):
         load_dcp_states(ParquetStream(data, **s), plain)
+
+
+# ------------------------------------------------------------------------------ EvenBatches
+
+EVEN_JOB = os.path.join(TESTS_DIR, "dist_scripts", "even_job.py")
+EVEN_M = 10_000  # token j of document d is d * EVEN_M + j
+
+
+@pytest.mark.timeout(300)
+def test_even_batches_packed_ranks_yield_equal_counts(tmp_path):
+    """A finite packed stream whose 2 ranks make very different numbers of packed rows, under
+    EvenBatches on 2 gloo processes: "pad" gives both ranks the same number of batches, each
+    rank's real batches are its own stream's (full comparison) followed by padding only, and
+    the real tokens over both ranks are every document's exactly once; "drop" stops both at
+    the shorter rank's count, yields prefixes and reports what it dropped; a resume in the
+    padding phase (2 workers, torch.save) yields the same remaining batches on every rank; a
+    rank with no batch to shape padding on makes every rank raise (not hang)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from shardstream import Pack
+
+    # Rank 0 reads documents 0..29 (long), rank 1 documents 30..59 (short).
+    lengths = [40 + d % 7 for d in range(30)] + [1 + d % 3 for d in range(30)]
+    root = tmp_path / "docs"
+    root.mkdir()
+    toks = [[d * EVEN_M + j for j in range(n)] for d, n in enumerate(lengths)]
+    pq.write_table(
+        pa.table({"input_ids": pa.array(toks, pa.list_(pa.int64()))}),
+        root / "s0.parquet",
+        row_group_size=10,
+    )
+    settings = dict(batch_size=2, output="torch", epochs=1, even=None)
+    pack = dict(seq_len=16, algorithm="best_fit", buffer_docs=8)
+
+    def ref(rank: int) -> list:
+        ds = ParquetStream(
+            str(root),
+            columns=["input_ids"],
+            pack=Pack(**pack),
+            **{**settings, "output": "numpy"},
+            rank=rank,
+            world_size=2,
+        )
+        return [
+            [b["input_ids"].reshape(-1).tolist(), b["segment_ids"].reshape(-1).tolist()] for b in ds
+        ]
+
+    refs = [ref(0), ref(1)]
+    n = [len(x) for x in refs]
+    assert n[0] >= 4 * n[1] >= 4, f"the ranks are not unbalanced enough: {n}"
+
+    spec = tmp_path / "even-spec.json"
+    out = str(tmp_path / "even-out-{rank}.json")
+    spec.write_text(
+        json.dumps(
+            dict(
+                source=str(root),
+                settings=settings,
+                pack=pack,
+                out=out,
+                store=str(tmp_path / "even-store"),
+            )
+        )
+    )
+    # Two plain processes meeting in a file store: torchrun's own process would cost another
+    # torch import (seconds) for nothing this test needs.
+    procs = []
+    for r in range(2):
+        env = child_env()
+        env.update(RANK=str(r), WORLD_SIZE="2")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, EVEN_JOB, str(spec)],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+    res = []
+    for r, p in enumerate(procs):
+        so, se = p.communicate(timeout=240)
+        assert p.returncode == 0, f"rank {r} failed ({p.returncode}):\n{so[-2000:]}\n{se[-5000:]}"
+    for r in range(2):
+        with open(out.format(rank=r)) as f:
+            res.append(json.load(f))
+        assert res[r]["rank"] == r
+
+    def is_padding(b: list) -> bool:
+        ids, seg = b
+        return all(s == 0 for s in seg) and all(t == 0 for t in ids)
+
+    real_tokens: list[int] = []
+    w2_tokens: list[int] = []
+    for r in range(2):
+        pad = res[r]["pad"]
+        assert len(pad) == max(n), f"pad: rank {r} yielded {len(pad)}, want {max(n)}"
+        assert pad[: n[r]] == refs[r], f"pad: rank {r}'s real batches differ from its stream"
+        assert all(is_padding(b) for b in pad[n[r] :]) and res[r]["pad_padded"] == max(n) - n[r]
+        assert [len(b[0]) for b in pad[n[r] :]] == [len(pad[n[r] - 1][0])] * (max(n) - n[r])
+        real_tokens += [t for b in pad for t, s in zip(*b, strict=True) if s > 0]
+        drop = res[r]["drop"]
+        assert drop == refs[r][: min(n)], f"drop: rank {r} did not yield its first {min(n)}"
+        assert res[r]["drop_dropped"] == n[r] - min(n)
+        assert res[r]["drop_finished"] and res[r]["pad_finished"], "the loader's pass is not over"
+        assert "a rank ran out before yielding any batch" in res[r]["no_batch"], res[r]["no_batch"]
+        # 2 workers per rank: equal counts, and the resume is inside the short rank's padding
+        w2, k = res[r]["pad_w2"], res[r]["k"]
+        assert len(w2) == len(res[1 - r]["pad_w2"])
+        w2_real = [sum(not is_padding(b) for b in x["pad_w2"]) for x in res]
+        assert k == min(w2_real) + 1 < len(w2) and w2_real[0] != w2_real[1]
+        w2_tokens += [t for b in w2 for t, s in zip(*b, strict=True) if s > 0]
+        assert res[r]["resume_head"] == w2[:k] and res[r]["resume_tail"] == w2[k:], (
+            f"resume inside the padding phase: rank {r} differs from the uninterrupted run"
+        )
+    want = [d * EVEN_M + j for d, ln in enumerate(lengths) for j in range(ln)]
+    assert Counter(real_tokens) == Counter(want), "pad: real tokens are not every one once"
+    assert Counter(w2_tokens) == Counter(want), "pad, 2 workers: not every token once"

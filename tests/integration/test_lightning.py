@@ -146,3 +146,31 @@ def test_lightning_fit_resume(rows, tmp_path):
 
 if __name__ == "__main__":
     job_main(job)
+
+
+def test_lag_count_of_an_even_batches_state_is_its_steps(monkeypatch):
+    """ShardstreamCheckpoints finds the state of the batch trained on by the batches yielded;
+    under shardstream.EvenBatches that is the wrapper's step count (padding included), not its
+    loader's (which stops while the rank pads). The module is loaded under another name with a
+    stand-in for Lightning's Callback (importing Lightning costs seconds); nothing of the
+    package or of a Lightning imported by other tests is replaced."""
+    import importlib.util
+    import sys
+    import types
+
+    import shardstream.integrations
+
+    fake = {n: types.ModuleType(n) for n in ("lightning", "lightning.pytorch")}
+    fake["lightning.pytorch.callbacks"] = types.ModuleType("lightning.pytorch.callbacks")
+    fake["lightning.pytorch.callbacks"].Callback = object  # type: ignore[attr-defined]
+    for name, mod in fake.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    path = os.path.join(shardstream.integrations.__path__[0], "lightning.py")
+    spec = importlib.util.spec_from_file_location("_lightning_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    loader = {"_num_yielded": 7, "_iterator_finished": True}
+    assert module._yielded([loader]) == 7
+    assert module._yielded([{"even_batches": {"steps": 11, "out": True}, "loader": loader}]) == 11

@@ -41,8 +41,12 @@ def _fit_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 def _yielded(states: Any) -> int | None:
-    """Batches the (first) loader had yielded, from its ``state_dict()`` (torchdata's keys)."""
+    """Batches the (first) loader had yielded, from its ``state_dict()`` (torchdata's keys, or
+    an ``EvenBatches`` state's steps: its loader's count stops while it pads)."""
     if isinstance(states, dict):
+        even = states.get("even_batches")  # shardstream.EvenBatches: its steps count padding
+        if isinstance(even, dict) and isinstance(even.get("steps"), int):
+            return int(even["steps"])
         snapshot = states.get("_snapshot")  # with workers: a snapshot, then steps since it
         if isinstance(snapshot, dict) and isinstance(snapshot.get("_snapshot_step"), int):
             return int(snapshot["_snapshot_step"]) + int(states.get("_steps_since_snapshot", 0))

@@ -756,6 +756,39 @@ mod tests {
         out
     }
 
+    /// `unpeek` takes the peeked choice back: with that source marked run out, the next peek
+    /// decides again, in every mode, and never repeats it (`late_run` and a per-source
+    /// packing stream would ask it for rows forever). In a stratified block the source may be
+    /// the block's next: the block is cut. Bounded, so a broken `unpeek` fails here instead
+    /// of hanging `late_exhaustion_drops_and_resumes_exactly`.
+    #[test]
+    fn unpeek_decides_again_without_the_run_out_source() {
+        for mixing in [Mixing::Deterministic, Mixing::Stratified(4), Mixing::Random] {
+            for first_out in [false, true] {
+                let w = quantize(&[1.0, 1.0], "w").unwrap();
+                let r = rule(Schedule::constant(w), mixing, 2, false);
+                let slot = Slot::new(0, 1).unwrap();
+                let mut m = Mixer::fresh(r, slot, 0, None, vec![true; 2], 0, vec![0; 2]);
+                let mut a = Avail {
+                    left: vec![u64::MAX; 2],
+                };
+                if !first_out {
+                    m.take(&mut a); // inside a stratified block
+                }
+                let s = m.peek(&a).unwrap();
+                a.left[s] = 0;
+                m.unpeek();
+                assert_eq!(m.peek(&a), Some(1 - s), "{mixing:?}, first_out {first_out}");
+                assert_eq!(m.take(&mut a), Some(1 - s));
+                assert_eq!(
+                    m.peek(&a),
+                    Some(1 - s),
+                    "{mixing:?}: the run-out source left"
+                );
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
