@@ -151,7 +151,8 @@ impl Run {
         if w == 0 {
             return self.d0[s];
         }
-        (UNIT as i128 + self.rem[s] as i128 - w as i128 * (self.c[s] as i128 + 1 - x as i128)) as i64
+        (UNIT as i128 + self.rem[s] as i128 - w as i128 * (self.c[s] as i128 + 1 - x as i128))
+            as i64
     }
 }
 
@@ -432,13 +433,7 @@ impl Mixer {
     /// state settled at that item, where the scan cannot order exactly (a deadline already
     /// passed, or one beyond its key's range); returns whether it ran to the end (`n` items or
     /// the piece's end). The same choices as `choose` + `commit` (proptests below).
-    fn run_piece(
-        &mut self,
-        run: &mut Run,
-        n: u64,
-        counts: &mut [u64],
-        out: &mut Vec<u16>,
-    ) -> bool {
+    fn run_piece(&mut self, run: &mut Run, n: u64, counts: &mut [u64], out: &mut Vec<u16>) -> bool {
         self.ensure_piece();
         let k = self.d.len();
         if !self.live || k > 1 << 15 {
@@ -450,7 +445,8 @@ impl Mixer {
             None => i64::MAX,
         };
         let len = n.min(end_rel as u64).min(1 << 30) as i64;
-        let rel_abs = |dl: u64| -> i64 { (dl as i128 - t0 as i128).clamp(-FAR as i128, FAR as i128) as i64 };
+        let rel_abs =
+            |dl: u64| -> i64 { (dl as i128 - t0 as i128).clamp(-FAR as i128, FAR as i128) as i64 };
         run.reset(k);
         for s in 0..k {
             let w = self.piece.w[s] as i64;

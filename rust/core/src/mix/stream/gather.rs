@@ -33,11 +33,7 @@ pub(crate) fn push(runs: &mut Vec<Run>, batch: usize, row: usize) {
             return;
         }
     }
-    runs.push(Run {
-        batch,
-        row,
-        len: 1,
-    });
+    runs.push(Run { batch, row, len: 1 });
 }
 
 /// The columns of the batch made of `runs` of `inputs` (all of one schema), `n` rows.
@@ -135,7 +131,11 @@ fn nulls(data: &[ArrayData], runs: &[Run], n: usize) -> Option<NullBuffer> {
 }
 
 /// Append `values[b][a..z]` for each span `(b, a, z)`.
-fn copy_values<U: ArrowNativeType>(values: &[&[U]], spans: impl Iterator<Item = (usize, usize, usize)>, out: &mut Vec<U>) {
+fn copy_values<U: ArrowNativeType>(
+    values: &[&[U]],
+    spans: impl Iterator<Item = (usize, usize, usize)>,
+    out: &mut Vec<U>,
+) {
     for (b, a, z) in spans {
         if z - a == 1 {
             out.push(values[b][a]);
@@ -281,19 +281,21 @@ fn bytes<O: OffsetSizeTrait>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use arrow_array::builder::{GenericListBuilder, Int32Builder};
     use arrow_array::{BooleanArray, Int64Array, StringArray};
     use arrow_schema::{Field, Schema};
     use arrow_select::interleave::interleave_record_batch;
     use proptest::prelude::*;
+    use std::sync::Arc;
 
     /// A batch of `rows` rows from `seed`: int64, list<int32> (empty lists and nulls), utf8, a
     /// boolean and a list with child nulls (both through `interleave`), with nulls when `nulls`.
     fn batch(rows: usize, seed: u64, nulls: bool) -> RecordBatch {
         let v = |i: usize| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7919)) % 97;
         let null = |i: usize| nulls && v(i) % 5 == 0;
-        let ids: Int64Array = (0..rows).map(|i| (!null(i)).then_some(v(i) as i64 * 1000 + seed as i64)).collect();
+        let ids: Int64Array = (0..rows)
+            .map(|i| (!null(i)).then_some(v(i) as i64 * 1000 + seed as i64))
+            .collect();
         let mut lb = GenericListBuilder::<i32, _>::new(Int32Builder::new());
         let mut cb = GenericListBuilder::<i32, _>::new(Int32Builder::new());
         for i in 0..rows {
@@ -304,7 +306,9 @@ mod tests {
             lb.append(!null(i));
             cb.append(true);
         }
-        let text: StringArray = (0..rows).map(|i| (!null(i + 1)).then(|| "é".repeat((v(i) % 3) as usize) + &i.to_string())).collect();
+        let text: StringArray = (0..rows)
+            .map(|i| (!null(i + 1)).then(|| "é".repeat((v(i) % 3) as usize) + &i.to_string()))
+            .collect();
         let flags: BooleanArray = (0..rows).map(|i| Some(v(i) % 2 == 0)).collect();
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, true),
