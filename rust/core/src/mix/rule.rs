@@ -94,6 +94,68 @@ pub struct MixerPos {
     pub taken: Vec<u64>,
 }
 
+/// A relative deadline beyond this is not ordered by [`Run`]'s keys.
+const FAR: i64 = 1 << 46;
+/// Not released within the piece.
+const NEVER: i64 = i64::MAX;
+
+/// The key a [`Run`] orders released sources by: its deadline, then its index.
+fn key(deadline: i64, s: usize) -> i64 {
+    deadline.clamp(-FAR, FAR) << 16 | s as i64
+}
+
+/// [`Mixer::run_piece`]'s view of each source within a piece, in items from the piece's first
+/// item of the run.
+#[derive(Default)]
+struct Run {
+    /// The first item it is released at (`NEVER`: not in this piece).
+    rel: Vec<i64>,
+    /// `key(deadline, source)`.
+    key: Vec<i64>,
+    /// Weight > 0: the deficit's line. `c` is the last item before the deficit reaches a whole
+    /// item, by `rem` more: the deficit before item `x` is `UNIT + rem - w * (c + 1 - x)`.
+    c: Vec<i64>,
+    rem: Vec<i64>,
+    /// `UNIT = q * w + r`: a taken item moves the line by `q` items and `r` of remainder.
+    q: Vec<i64>,
+    r: Vec<i64>,
+    w: Vec<i64>,
+    /// Weight 0: the deficit, which only a take changes.
+    d0: Vec<i64>,
+    /// Taken in this run.
+    moved: Vec<bool>,
+}
+
+impl Run {
+    fn reset(&mut self, k: usize) {
+        for v in [
+            &mut self.rel,
+            &mut self.key,
+            &mut self.c,
+            &mut self.rem,
+            &mut self.q,
+            &mut self.r,
+            &mut self.w,
+            &mut self.d0,
+        ] {
+            v.clear();
+            v.resize(k, 0);
+        }
+        self.moved.clear();
+        self.moved.resize(k, false);
+    }
+
+    /// Source `s`'s deficit before item `x`.
+    fn deficit(&self, s: usize, x: i64) -> i64 {
+        let w = self.w[s];
+        if w == 0 {
+            return self.d0[s];
+        }
+        (UNIT as i128 + self.rem[s] as i128 - w as i128 * (self.c[s] as i128 + 1 - x as i128))
+            as i64
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Block {
     quotas: Vec<u64>,
@@ -338,7 +400,14 @@ impl Mixer {
         // Per item only the choice; the counters are settled once after the run.
         let before = out.len();
         let counts0 = counts.to_vec();
-        for _ in 0..n {
+        let mut run = Run::default();
+        while ((out.len() - before) as u64) < n {
+            let left = n - (out.len() - before) as u64;
+            if self.run_piece(&mut run, left, counts, out) {
+                continue;
+            }
+            // The run stopped at an item it cannot order cheaply (a passed or far deadline):
+            // that item through the exact choice.
             let Some(s) = self.choose() else { break };
             self.commit(s);
             counts[s] += 1;
@@ -356,6 +425,104 @@ impl Mixer {
                 avail.left[s] -= c - c0;
             }
         }
+    }
+
+    /// Up to `n` deterministic choices within the current piece, in one loop: each source's
+    /// deficit is kept as a line (`Run`), so an item costs a scan for the earliest released
+    /// deadline and an O(1) update of the taken source (no division). Stops early, with the
+    /// state settled at that item, where the scan cannot order exactly (a deadline already
+    /// passed, or one beyond its key's range); returns whether it ran to the end (`n` items or
+    /// the piece's end). The same choices as `choose` + `commit` (proptests below).
+    fn run_piece(&mut self, run: &mut Run, n: u64, counts: &mut [u64], out: &mut Vec<u16>) -> bool {
+        self.ensure_piece();
+        let k = self.d.len();
+        if !self.live || k > 1 << 15 {
+            return false;
+        }
+        let t0 = self.inner;
+        let end_rel = match self.piece.end {
+            Some(e) => (e - t0).min(i64::MAX as u64) as i64,
+            None => i64::MAX,
+        };
+        let len = n.min(end_rel as u64).min(1 << 30) as i64;
+        let rel_abs =
+            |dl: u64| -> i64 { (dl as i128 - t0 as i128).clamp(-FAR as i128, FAR as i128) as i64 };
+        run.reset(k);
+        for s in 0..k {
+            let w = self.piece.w[s] as i64;
+            let d = self.d[s];
+            run.w[s] = w;
+            if w == 0 {
+                run.d0[s] = d;
+                run.rel[s] = if d > 0 { 0 } else { NEVER };
+                run.key[s] = key(rel_abs(self.deadline[s]), s);
+                continue;
+            }
+            // need = w * steps - rem, 0 <= rem < w (need may be <= 0: the deadline passed)
+            let need = UNIT as i64 - d;
+            let steps = need.div_euclid(w) + i64::from(need.rem_euclid(w) != 0);
+            run.c[s] = steps - 1;
+            run.rem[s] = w * steps - need;
+            run.q[s] = (UNIT / w as u64) as i64;
+            run.r[s] = (UNIT % w as u64) as i64;
+            run.rel[s] = if d + w > 0 { 0 } else { (-d) / w };
+            run.key[s] = if run.c[s] < end_rel {
+                key(run.c[s], s)
+            } else {
+                key(rel_abs(self.deadline[s]), s)
+            };
+        }
+        let mut tau = 0i64;
+        let ok = loop {
+            if tau == len {
+                break true;
+            }
+            let mut best = i64::MAX;
+            for (rel, key) in run.rel[..k].iter().zip(&run.key[..k]) {
+                best = best.min(if *rel <= tau { *key } else { i64::MAX });
+            }
+            let dl = best >> 16;
+            if best == i64::MAX || dl < tau || dl >= FAR {
+                break false;
+            }
+            let s = (best & 0xffff) as usize;
+            run.moved[s] = true;
+            let w = run.w[s];
+            if w == 0 {
+                run.d0[s] -= UNIT as i64;
+                run.rel[s] = NEVER;
+            } else {
+                // released again once the line passes the next whole item: at this deadline
+                // (or the item after, when it lands on it exactly)
+                run.rel[s] = run.c[s] + i64::from(run.rem[s] == 0);
+                let rem = run.rem[s] - run.r[s];
+                let carry = i64::from(rem < 0);
+                run.rem[s] = rem + carry * w;
+                run.c[s] += run.q[s] + carry;
+                run.key[s] = if run.c[s] < end_rel {
+                    key(run.c[s], s)
+                } else {
+                    let t = t0 + tau as u64 + 1;
+                    let d = run.deficit(s, tau + 1);
+                    key(rel_abs(self.deadline_of(s, t, d)), s)
+                };
+            }
+            counts[s] += 1;
+            out.push(s as u16);
+            tau += 1;
+        };
+        // Settle the deficits and the deadlines of the sources taken at item `tau`.
+        for s in 0..k {
+            self.d[s] = run.deficit(s, tau);
+        }
+        self.inner = t0 + tau as u64;
+        self.ensure_piece();
+        for s in 0..k {
+            if run.moved[s] {
+                self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
+            }
+        }
+        ok && tau > 0
     }
 
     fn decide(&mut self, avail: &Avail) -> Option<usize> {
@@ -724,6 +891,20 @@ mod tests {
         out
     }
 
+    /// Deficits a restored state may hold (within one item, summing to 0: deadlines may
+    /// already have passed): `skew` centred and scaled, the rest on `d_0`.
+    fn skewed(skew: &[f64]) -> Vec<i64> {
+        let k = skew.len();
+        let mean = skew.iter().sum::<f64>() / k as f64;
+        let top = skew.iter().map(|x| (x - mean).abs()).fold(1e-9, f64::max);
+        let mut d: Vec<i64> = skew
+            .iter()
+            .map(|x| ((x - mean) / top * 0.999 * UNIT as f64) as i64)
+            .collect();
+        d[0] -= d.iter().sum::<i64>();
+        d
+    }
+
     /// Up to `n` items with each source's `rows` found out only when picked past them (as
     /// `stream/per_source.rs` does); `given` counts each source's rows taken.
     fn late_run(m: &mut Mixer, rows: &[u64], given: &mut [u64], n: usize) -> Vec<usize> {
@@ -894,19 +1075,33 @@ mod tests {
             prop_assert!(all.len() <= 400);
         }
 
-        /// `take_run` gives exactly the items `take` gives (and leaves the same position),
-        /// whether or not its conditions let it run, across schedule pieces and exhaustion.
+        /// `take_run` gives exactly the items `take` gives (and leaves the same position), and
+        /// every one is the reference rule's choice, whether or not its conditions let it run:
+        /// short and long runs (up to 3,000 items at once), across schedule pieces (constant,
+        /// stepped, linear), exhaustion (drops and stops between runs), from fresh and from
+        /// restored positions with any deficits the state may hold (passed deadlines).
         #[test]
         fn take_run_equals_take(
-            s in schedule(), n in 1u64..70, count in 1u32..4,
-            rows in proptest::collection::vec(prop_oneof![Just(u64::MAX), 0u64..300], 7),
+            s in schedule(), n in prop_oneof![1u64..70, 300u64..3000], count in 1u32..4,
+            rows in proptest::collection::vec(prop_oneof![Just(u64::MAX), 0u64..2000], 7),
+            base in 0u64..500, since in 0u64..300, stop: bool,
+            skew in proptest::collection::vec(-1.0f64..1.0, 7), restored: bool,
         ) {
             let k = s.points[0].1.len();
             let slot = Slot::new(count - 1, count).unwrap();
-            let r = rule(s, Mixing::Deterministic, k, false);
+            let r = rule(s, Mixing::Deterministic, k, stop);
+            let limit = Some(6000);
+            let mut a = if restored {
+                let pos = MixerPos {
+                    items: 0, base, since, left: limit, deficits: skewed(&skew[..k]).into_iter().map(Some).collect(),
+                    block: None, taken: vec![0; k],
+                };
+                Mixer::restore(r, slot, &pos).unwrap()
+            } else {
+                Mixer::fresh(r, slot, base, limit, vec![true; k], 0, vec![0; k])
+            };
             let start = Avail { left: rows[..k].to_vec() };
-            let (mut a, mut av_a) = (Mixer::fresh(r.clone(), slot, 5, Some(700), vec![true; k], 0, vec![0; k]), start.clone());
-            let (mut b, mut av_b) = (a.clone(), start);
+            let (mut av_a, mut b, mut av_b) = (start.clone(), a.clone(), start);
             let mut ran = false;
             loop {
                 let mut counts = vec![0u64; k];
@@ -918,7 +1113,13 @@ mod tests {
                     counts[s] += 1;
                     x.push(s as u16);
                 }
-                let y: Vec<u16> = (0..n).map_while(|_| a.take(&mut av_a)).map(|s| s as u16).collect();
+                let mut y = Vec::new();
+                while (y.len() as u64) < n {
+                    let Some(s) = a.peek(&av_a) else { break };
+                    prop_assert_eq!(Some(s), a.clone().choose_reference(), "item {}", y.len());
+                    a.take(&mut av_a);
+                    y.push(s as u16);
+                }
                 prop_assert_eq!(&x, &y);
                 for (i, c) in counts.iter().enumerate() {
                     prop_assert_eq!(*c, x.iter().filter(|s| **s as usize == i).count() as u64);
@@ -927,7 +1128,7 @@ mod tests {
                 prop_assert_eq!(&av_a, &av_b);
                 if y.is_empty() { break; }
             }
-            prop_assert!(ran || rows[..k].iter().any(|r| *r < n));
+            prop_assert!(ran || rows[..k].iter().any(|r| *r < n) || a.position().items == 0);
         }
 
         /// The branch-free choice equals the reference rule at every item: from fresh and from
@@ -944,13 +1145,7 @@ mod tests {
             let slot = Slot::new(count - 1, count).unwrap();
             let r = rule(s, Mixing::Deterministic, k, stop);
             let mut m = if restored {
-                // any deficits within one item summing to 0: centred, scaled, the rest on d_0
-                let mean = skew[..k].iter().sum::<f64>() / k as f64;
-                let top = skew[..k].iter().map(|x| (x - mean).abs()).fold(1e-9, f64::max);
-                let mut d: Vec<i64> =
-                    skew[..k].iter().map(|x| ((x - mean) / top * 0.999 * UNIT as f64) as i64).collect();
-                d[0] -= d.iter().sum::<i64>();
-                let deficits = d.into_iter().map(Some).collect();
+                let deficits = skewed(&skew[..k]).into_iter().map(Some).collect();
                 let pos = MixerPos {
                     items: 0, base, since, left: Some(600), deficits, block: None, taken: vec![0; k],
                 };
