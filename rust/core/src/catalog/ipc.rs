@@ -901,6 +901,17 @@ mod tests {
                     if stream && delta {
                         assert!(meta.index.dicts.iter().any(|d| d.delta), "deltas written");
                     }
+                    // Without the dictionary column every batch is validated, then decoded
+                    // again unverified (`decode_all` compares the two), whole and projected.
+                    let plain: Vec<RecordBatch> =
+                        bs.iter().map(|b| b.project(&[0, 1, 2]).unwrap()).collect();
+                    let data = write(&plain, stream, options(comp, false));
+                    let meta = index(&data).unwrap();
+                    assert!(meta.index.dicts.is_empty());
+                    assert_eq!(decode_all(&meta, &data, &[0, 1, 2]), plain);
+                    for (p, b) in decode_all(&meta, &data, &[1]).iter().zip(&plain) {
+                        assert_eq!(p.column(0), b.column(1));
+                    }
                 }
             }
         }
