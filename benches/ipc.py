@@ -1,8 +1,11 @@
 """Arrow IPC shards and HF `datasets` directories (issue 15), side by side in one run:
 
-* iteration over IPC *files* (`output="arrow"`) vs a `pyarrow.ipc.open_file(...).get_batch(i)`
-  loop (the file read, and memory-mapped: zero-copy like shardstream) and vs
-  `pyarrow.dataset(format="arrow")` (best of several batch sizes);
+* iteration over IPC *files* (`output="arrow"`; a new dataset per pass, and one dataset
+  iterated pass after pass as epochs are) vs a `pyarrow.ipc.open_file(...).get_batch(i)` loop
+  (the file read, and memory-mapped: zero-copy like shardstream; the target) and vs
+  `pyarrow.dataset(format="arrow")` (best of several batch sizes); as a reference only, the
+  memory-mapped loop with `batch.validate(full=True)` per batch (shardstream validates what it
+  decodes);
 * iteration over an HF `save_to_disk` directory (IPC streams) vs
   `datasets.load_from_disk(d).with_format("arrow").iter(batch_size)` (batches) and vs
   `to_iterable_dataset()` rows (row mode, on the first --row-limit rows);
@@ -127,6 +130,11 @@ def main() -> int:
         mk = lambda: ParquetStream(files, batch_size=bs, output="arrow", shuffle_buffer=0)  # noqa: E731
         return _rate(timed_passes(mk, t))
 
+    def ss_files_epochs(bs):
+        # one dataset iterated pass after pass (epochs): the catalog is opened once
+        ds = ParquetStream(files, batch_size=bs, output="arrow", shuffle_buffer=0)
+        return _rate(timed_passes(lambda: ds, t))
+
     def pa_get_batch(bs):
         def one():
             for p in files:
@@ -145,14 +153,28 @@ def main() -> int:
 
         return _rate(timed_passes(one, t))
 
+    def pa_get_batch_mmap_validate(bs):
+        # a reference, not the target: what validating every batch (as shardstream does) costs
+        def one():
+            for p in files:
+                with pa.memory_map(p) as m, pa.ipc.open_file(m) as r:
+                    for i in range(r.num_record_batches):
+                        b = r.get_batch(i)
+                        b.validate(full=True)
+                        yield b
+
+        return _rate(timed_passes(one, t))
+
     def pa_dataset(bs):
         ds = pads.dataset(files, format="arrow")
         return _rate(timed_passes(lambda: ds.to_batches(batch_size=bs), t))
 
     res["files"] = {
         "shardstream": best(ss_files, sizes),
+        "shardstream_epochs": ss_files_epochs(1000),
         "pyarrow_get_batch": pa_get_batch(0),
         "pyarrow_get_batch_mmap": pa_get_batch_mmap(0),
+        "pyarrow_get_batch_mmap_validate_full": pa_get_batch_mmap_validate(0),
         "pyarrow_dataset": best(pa_dataset, sizes),
     }
 

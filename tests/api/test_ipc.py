@@ -257,6 +257,27 @@ def test_ipc_file_changed_mid_iteration_is_shard_error(tmp_path, how):
         list(it)
 
 
+def test_ipc_file_rewritten_between_passes_is_shard_error(tmp_path):
+    """Batches validated in one pass are not validated again in the next while the file is
+    unchanged; a file rewritten in place between passes (same size, its bytes scrambled) is
+    named at the next pass's first batch, never read as already validated."""
+    path = write_ipc(tmp_path / "a.arrow", _table(0, 30).to_batches(max_chunksize=5), "file")
+    ds = ParquetStream(path, output="arrow", batch_size=5, shuffle_buffer=0, readahead_threads=0)
+    ids = [b.column("id").to_pylist() for b in ds]
+    assert ids == [list(range(i, i + 5)) for i in range(0, 30, 5)]
+    assert [b.column("id").to_pylist() for b in ds] == ids  # the second pass, validated before
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    for i in range(8, len(data) - 10):
+        data[i] ^= 0x5A
+    with open(path, "r+b") as f:
+        f.write(data)
+    st = os.stat(path)  # (a coarse clock could leave the modification time as it was)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(ShardError, match=r"a\.arrow.*the file changed while the dataset was open"):
+        list(ds)
+
+
 def _ok_file(tmp_path, kind="file", comp=None):
     return write_ipc(tmp_path / f"x.{kind}", _table(0, 30).to_batches(max_chunksize=10), kind, comp)
 

@@ -183,7 +183,10 @@ fn open_ipc_batch(
         }
         None => ipc::slices(&catalog.mapped(s)?, &ranges, &shard.path)?,
     };
-    let batch = index.decode(b, &shard.schema, roots, &bufs, &shard.path)?;
+    // A batch of a local file decoded and validated before is not checked again (`Verified`).
+    let tracked = shard.object.is_none() && roots == shard.roots.as_slice();
+    let checked = tracked && catalog.verified().get(s, b);
+    let (batch, validated) = index.decode(b, &shard.schema, roots, &bufs, &shard.path, checked)?;
     let rows = batch.num_rows() as u64;
     if rows != shard.row_groups[b].num_rows {
         return Err(Error::shard(
@@ -194,6 +197,9 @@ fn open_ipc_batch(
                 shard.row_groups[b].num_rows
             ),
         ));
+    }
+    if tracked && validated && !checked {
+        catalog.verified().set(s, b);
     }
     let step = batch_rows.max(1);
     let mut out = Vec::new();

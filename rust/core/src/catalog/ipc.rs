@@ -213,9 +213,16 @@ fn message_at(
     Ok(Some((msg, fb)))
 }
 
-/// Rows of the record batch whose metadata is `fb`; an error if it is not a record batch.
+/// The message of flatbuffer bytes `fb` returned by [`message_at`], not verified again.
+fn verified(fb: &[u8]) -> arrow_ipc::Message<'_> {
+    // SAFETY: `message_at` returns only bytes the flatbuffer verifier accepted.
+    unsafe { arrow_ipc::root_as_message_unchecked(fb) }
+}
+
+/// Rows of the record batch whose metadata is `fb` (from [`message_at`]); an error if it is
+/// not a record batch.
 fn batch_rows(fb: &[u8], path: &Path, at: u64) -> Result<u64> {
-    let message = arrow_ipc::root_as_message(fb).expect("verified by message_at");
+    let message = verified(fb);
     let rb = message.header_as_record_batch().ok_or_else(|| {
         Error::shard(
             path,
@@ -251,7 +258,7 @@ pub(crate) fn read_stream(src: &impl ReadAt, path: &Path, size: u64) -> Result<I
         return Err(Error::shard(path, "an Arrow IPC stream with no schema"));
     };
     h.update(&fb);
-    let message = arrow_ipc::root_as_message(&fb).expect("verified");
+    let message = verified(&fb);
     let version = message.version().0;
     let schema = schema_of(message, path)?;
     let mut index = IpcIndex {
@@ -265,7 +272,7 @@ pub(crate) fn read_stream(src: &impl ReadAt, path: &Path, size: u64) -> Result<I
     let mut at = first.range().end;
     while let Some((msg, fb)) = message_at(src, path, at, size)? {
         h.update(&fb);
-        let message = arrow_ipc::root_as_message(&fb).expect("verified");
+        let message = verified(&fb);
         match message.header_type() {
             MessageHeader::RecordBatch => {
                 rows.push(batch_rows(&fb, path, at)?);
@@ -379,7 +386,7 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
         let Some((found, mfb)) = message_at(src, path, msg.offset, footer_start)? else {
             return Err(bad(format!("no dictionary message at byte {}", msg.offset)));
         };
-        let message = arrow_ipc::root_as_message(&mfb).expect("verified");
+        let message = verified(&mfb);
         let d = message.header_as_dictionary_batch().ok_or_else(|| {
             bad(format!(
                 "dictionary block at byte {} holds a {:?}",
@@ -472,7 +479,13 @@ impl IpcIndex {
 
     /// Decode batch `b` (columns `roots` of `schema`, the file's own) from `bufs`, the bytes
     /// of [`IpcIndex::ranges_for`] in that order. Buffers are referenced, not copied, where the
-    /// data is uncompressed and aligned.
+    /// data is uncompressed and aligned. Returns the batch and whether it was checked by
+    /// [`super::validate::batch`] (a batch without dictionaries), i.e. whether these bytes may
+    /// be decoded with `checked = true` later (see [`Verified`]).
+    ///
+    /// `checked`: these very bytes (same mapping of an unchanged file, same `roots`) were
+    /// decoded and validated before; the metadata and the arrays are then taken as valid
+    /// without checking them again. Only for batches without dictionaries.
     pub(crate) fn decode(
         &self,
         b: usize,
@@ -480,7 +493,8 @@ impl IpcIndex {
         roots: &[usize],
         bufs: &[Buffer],
         path: &Path,
-    ) -> Result<RecordBatch> {
+        checked: bool,
+    ) -> Result<(RecordBatch, bool)> {
         let dicts = self.dicts_for(b);
         let bad = |e: arrow_schema::ArrowError| {
             Error::shard(path, format!("record batch {b} (Arrow IPC): {e}"))
@@ -492,6 +506,13 @@ impl IpcIndex {
         // are dictionaries: arrow-ipc concatenates delta dictionaries as it reads them, so those
         // must be valid before, and arrow-ipc's validation stays on.
         let fast = dicts.is_empty();
+        if checked && fast {
+            // SAFETY: the caller passes `checked` only for bytes that passed `check_buffers`,
+            // the flatbuffer verifier and `validate::batch` before (see `Verified`).
+            return unsafe { self.decode_checked(b, schema, roots, &bufs[0]) }
+                .map(|batch| (batch, true))
+                .map_err(bad);
+        }
         let dec = FileDecoder::new(schema.clone(), MetadataVersion(self.version))
             .with_projection(roots.to_vec());
         // SAFETY: nothing reads the batch before `validate::batch` has checked it as arrow-rs's
@@ -509,9 +530,94 @@ impl IpcIndex {
             .map_err(bad)?
             .ok_or_else(|| Error::shard(path, format!("record batch {b}: an empty message")))?;
         if !fast {
-            return Ok(batch);
+            return Ok((batch, false));
         }
-        super::validate::batch(batch).map_err(bad)
+        super::validate::batch(batch)
+            .map(|batch| (batch, true))
+            .map_err(bad)
+    }
+
+    /// Batch `b` (no dictionaries) from `buf`, its message's bytes, with neither the flatbuffer
+    /// verified nor the arrays validated: what `FileDecoder::read_record_batch` does otherwise.
+    ///
+    /// # Safety
+    /// `buf` must hold bytes that [`IpcIndex::decode`] decoded and validated before with the
+    /// same `schema` and `roots`.
+    unsafe fn decode_checked(
+        &self,
+        b: usize,
+        schema: &SchemaRef,
+        roots: &[usize],
+        buf: &Buffer,
+    ) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+        let meta = self.batches[b].meta_len as usize;
+        let prefix = if buf[..4] == CONTINUATION { 8 } else { 4 };
+        // SAFETY: the verifier accepted these bytes when they were first decoded.
+        let message = unsafe { arrow_ipc::root_as_message_unchecked(&buf[prefix..meta]) };
+        let rb = message.header_as_record_batch().ok_or_else(|| {
+            arrow_schema::ArrowError::IpcError("not a record batch message".into())
+        })?;
+        let no_dicts = Default::default();
+        let version = message.version();
+        let mut skip = arrow_data::UnsafeFlag::new();
+        // SAFETY: the arrays were validated when these bytes were first decoded.
+        unsafe { skip.set(true) };
+        let all =
+            roots.len() == schema.fields().len() && roots.iter().enumerate().all(|(i, &r)| i == r);
+        arrow_ipc::reader::RecordBatchDecoder::try_new(
+            &buf.slice(meta),
+            rb,
+            schema.clone(),
+            &no_dicts,
+            &version,
+        )?
+        .with_projection((!all).then_some(roots))
+        .with_require_alignment(false)
+        .with_skip_validation(skip)
+        .read_record_batch()
+    }
+}
+
+/// Which record batches of each local IPC shard have been decoded and validated: one bit per
+/// batch, for batches without dictionaries of shards whose file is checked (size, mtime, inode)
+/// every time it is mapped. A batch decoded again from the same file then skips the flatbuffer
+/// verifier, `check_buffers` and the validation (the second and later epochs of a stream).
+/// Safe for the reason zero-copy is: the arrays reference the mapped file's pages, so bytes
+/// validated once are the bytes read later unless the file is rewritten in place under the
+/// mapping, which breaks the batches already handed out as well (and, when it changes the size
+/// or modification time, is an error naming the file at the next batch).
+#[derive(Debug, Default)]
+pub(crate) struct Verified(Vec<Box<[std::sync::atomic::AtomicU64]>>);
+
+impl Verified {
+    pub(crate) fn new(shards: &[crate::catalog::Shard]) -> Self {
+        Verified(
+            shards
+                .iter()
+                .map(|s| {
+                    let n = match (s.ipc(), &s.object, s.file_id) {
+                        (Some(index), None, Some(_)) => index.batches.len().div_ceil(64),
+                        _ => 0,
+                    };
+                    (0..n).map(|_| Default::default()).collect()
+                })
+                .collect(),
+        )
+    }
+
+    /// Batch `b` of shard `s` was validated (always false for shards not tracked).
+    pub(crate) fn get(&self, s: usize, b: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0[s]
+            .get(b / 64)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (b % 64)) != 0)
+    }
+
+    pub(crate) fn set(&self, s: usize, b: usize) {
+        use std::sync::atomic::Ordering;
+        if let Some(w) = self.0[s].get(b / 64) {
+            w.fetch_or(1 << (b % 64), Ordering::Relaxed);
+        }
     }
 }
 
@@ -739,9 +845,21 @@ mod tests {
         (0..meta.index.batches.len())
             .map(|b| {
                 let bufs = slices(&whole, &meta.index.ranges_for(b), Path::new("m")).unwrap();
-                meta.index
-                    .decode(b, &meta.schema, roots, &bufs, Path::new("m"))
-                    .unwrap()
+                let p = Path::new("m");
+                let (batch, validated) = meta
+                    .index
+                    .decode(b, &meta.schema, roots, &bufs, p, false)
+                    .unwrap();
+                assert_eq!(validated, meta.index.dicts_for(b).is_empty());
+                if validated {
+                    // the second decode of the same bytes (no verifier, no validation)
+                    let again = meta
+                        .index
+                        .decode(b, &meta.schema, roots, &bufs, p, true)
+                        .unwrap();
+                    assert_eq!(again, (batch.clone(), true), "batch {b}, roots {roots:?}");
+                }
+                batch
             })
             .collect()
     }
@@ -782,6 +900,17 @@ mod tests {
                     }
                     if stream && delta {
                         assert!(meta.index.dicts.iter().any(|d| d.delta), "deltas written");
+                    }
+                    // Without the dictionary column every batch is validated, then decoded
+                    // again unverified (`decode_all` compares the two), whole and projected.
+                    let plain: Vec<RecordBatch> =
+                        bs.iter().map(|b| b.project(&[0, 1, 2]).unwrap()).collect();
+                    let data = write(&plain, stream, options(comp, false));
+                    let meta = index(&data).unwrap();
+                    assert!(meta.index.dicts.is_empty());
+                    assert_eq!(decode_all(&meta, &data, &[0, 1, 2]), plain);
+                    for (p, b) in decode_all(&meta, &data, &[1]).iter().zip(&plain) {
+                        assert_eq!(p.column(0), b.column(1));
                     }
                 }
             }
@@ -982,7 +1111,7 @@ mod tests {
                         let whole = Buffer::from_vec(d.clone());
                         for b in 0..meta.index.batches.len() {
                             if let Ok(bufs) = slices(&whole, &meta.index.ranges_for(b), Path::new("m")) {
-                                let _ = meta.index.decode(b, &meta.schema, &[0, 1, 2, 3], &bufs, Path::new("m"));
+                                let _ = meta.index.decode(b, &meta.schema, &[0, 1, 2, 3], &bufs, Path::new("m"), false);
                             }
                         }
                     }

@@ -228,6 +228,8 @@ pub struct Catalog {
     stores: Vec<Arc<Store>>,
     /// Local IPC shards' memory maps, made once per file rather than once per batch.
     maps: ipc::Maps,
+    /// Local IPC batches validated once (see [`ipc::Verified`]).
+    verified: ipc::Verified,
 }
 
 impl Catalog {
@@ -284,6 +286,7 @@ impl Catalog {
         }
         let schema = schema::project(&mut shards, columns, first_row)?;
         let fingerprint = fingerprint::fingerprint(&shards);
+        let verified = ipc::Verified::new(&shards);
         Ok(Catalog {
             shards,
             schema,
@@ -293,6 +296,7 @@ impl Catalog {
             units: OnceLock::new(),
             stores,
             maps: ipc::Maps::default(),
+            verified,
         })
     }
 
@@ -338,6 +342,11 @@ impl Catalog {
     /// The bytes of local IPC shard `i`, memory-mapped (see [`ipc::Maps`]).
     pub(crate) fn mapped(&self, i: usize) -> Result<arrow_buffer::Buffer> {
         self.maps.get(i, &self.shards[i])
+    }
+
+    /// Which local IPC batches were validated (see [`ipc::Verified`]).
+    pub(crate) fn verified(&self) -> &ipc::Verified {
+        &self.verified
     }
 
     /// Output schema: the requested columns in the requested order.
