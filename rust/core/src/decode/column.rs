@@ -512,8 +512,14 @@ impl<K: Kind> ColumnRead for Column<K> {
     }
 
     fn finish(&mut self) -> Result<ArrayRef> {
-        let values = std::mem::take(&mut self.values);
+        let mut values = std::mem::take(&mut self.values);
         self.last_len = values.len();
+        // A batch outlives this call (a shuffle buffer keeps batches for their last rows): hand
+        // over what it holds, not the up-to-doubled capacity of a grown Vec (a shrinking
+        // realloc, in place).
+        if values.capacity() - values.len() > values.len() / 16 {
+            values.shrink_to_fit();
+        }
         let nulls = self
             .item_nulls
             .take()
