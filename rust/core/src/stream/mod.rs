@@ -4,9 +4,10 @@
 //! zero-copy slices of decoded batches, concatenated only where a batch spans a read boundary)
 //! or from the shuffle buffer, whose entries point into retained decoded batches; an output batch
 //! is gathered from them in one pass (`interleave_record_batch`). A decoded batch is dropped when
-//! its last buffered row leaves; when the retained batches hold much more than the buffer needs,
-//! the survivors are compacted into one batch so memory stays bounded by about
-//! `2 * shuffle_buffer + 2 * read_batch_rows` rows.
+//! its last buffered row leaves; when the retained batches hold more than 1.5x the rows the
+//! buffer needs, the buffered rows of the sparsest batches are copied into one batch and those
+//! are dropped (`compact`), so they hold at most `1.5 * shuffle_buffer + read_batch_rows` rows
+//! beside the input batch.
 //!
 //! The state is always the position after the last *emitted* row; after a restore the buffer's
 //! rows are re-read by id: the next batch reads the rows it picks, the rest are read in the
@@ -623,28 +624,72 @@ impl Stream {
         for l in &picks {
             data.slab.release(l.batch);
         }
-        // Compact when retained batches hold far more rows than the buffer needs.
-        let limit =
-            2 * self.buffer.capacity.max(self.buffer.rows.len()) + 2 * self.opts.read_batch_rows;
-        if data.slab.live_rows > limit
-            && !self.buffer.rows.is_empty()
-            && data.refill.is_none()
-            && !data.missing
-        {
-            let merged = data.slab.gather(self.catalog.schema(), &self.buffer.data)?;
-            for l in &self.buffer.data {
-                data.slab.release(l.batch);
-            }
-            let id = data.slab.insert(merged, self.buffer.data.len() as u32);
-            for (i, l) in self.buffer.data.iter_mut().enumerate() {
-                *l = Loc {
-                    batch: id,
-                    row: i as u32,
-                };
-            }
+        if data.refill.is_none() && !data.missing {
+            compact(
+                &mut data.slab,
+                &mut self.buffer.data,
+                self.buffer.capacity,
+                data.input.pinned,
+                self.opts.read_batch_rows,
+                self.catalog.schema(),
+            )?;
         }
         Ok(out)
     }
+}
+
+/// Retained batches may hold this many rows per 64 buffered ones (plus the input batch) before
+/// the sparsest are compacted, down to [`COMPACT_TO`]: a decoded batch stays alive until its last
+/// buffered row leaves, which with random picks takes several buffer lengths.
+const COMPACT_FROM: usize = 96;
+const COMPACT_TO: usize = 80;
+
+/// Copy the buffered rows of the sparsest retained batches into one batch and free those, once
+/// the batches hold more than [`COMPACT_FROM`]/64 of the buffered rows (see there). Compacting
+/// only the sparsest keeps both the memory held and the rows copied small: all of the buffer
+/// copied at once held three buffers' worth at the peak.
+fn compact(
+    slab: &mut Slab,
+    entries: &mut [Loc],
+    capacity: usize,
+    pinned: Option<u32>,
+    read_batch_rows: usize,
+    schema: &arrow_schema::SchemaRef,
+) -> Result<()> {
+    // While the buffer drains at the end of an epoch the batches empty with it: measured
+    // against the capacity, draining never compacts (rows only leave).
+    let buffered = entries.len().max(capacity);
+    let input = pinned
+        .and_then(|p| slab.batches[p as usize].as_ref())
+        .map_or(0, |b| b.num_rows());
+    let held = slab.live_rows - input;
+    if entries.is_empty() || held <= buffered * COMPACT_FROM / 64 + read_batch_rows {
+        return Ok(());
+    }
+    let chosen = slab.sparsest(pinned, held - buffered * COMPACT_TO / 64);
+    let mut picked = vec![false; slab.batches.len()];
+    for &b in &chosen {
+        picked[b as usize] = true;
+    }
+    let moved: Vec<usize> = (0..entries.len())
+        .filter(|&i| picked.get(entries[i].batch as usize) == Some(&true))
+        .collect();
+    let locs: Vec<Loc> = moved.iter().map(|&i| entries[i]).collect();
+    let merged = slab.gather(schema, &locs)?;
+    for l in &locs {
+        slab.release(l.batch);
+    }
+    if locs.is_empty() {
+        return Ok(());
+    }
+    let id = slab.insert(merged, locs.len() as u32);
+    for (k, &i) in moved.iter().enumerate() {
+        entries[i] = Loc {
+            batch: id,
+            row: k as u32,
+        };
+    }
+    Ok(())
 }
 
 /// The seek a resume from `st` (of a slot reading `spec` in `plan`'s epoch) starts with; `None`

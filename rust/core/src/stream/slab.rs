@@ -60,6 +60,30 @@ impl Slab {
         }
     }
 
+    /// Slab entries to compact so that about `waste` rows no buffer entry points at are freed:
+    /// the live batches with the smallest share of referenced rows first (most freed per row
+    /// copied), never `keep` (the input batch still being read into the buffer).
+    pub(super) fn sparsest(&self, keep: Option<u32>, waste: usize) -> Vec<u32> {
+        let mut live: Vec<(u32, usize, usize)> = (self.batches.iter().zip(&self.refs))
+            .enumerate()
+            .filter(|&(i, _)| Some(i as u32) != keep)
+            .filter_map(|(i, (b, &r))| b.as_ref().map(|b| (i as u32, b.num_rows(), r as usize)))
+            .filter(|&(_, rows, refs)| refs < rows)
+            .collect();
+        // refs / rows ascending, compared without division.
+        live.sort_unstable_by(|a, b| (a.2 * b.1).cmp(&(b.2 * a.1)));
+        let mut freed = 0;
+        let mut out = Vec::new();
+        for (i, rows, refs) in live {
+            if freed >= waste {
+                break;
+            }
+            freed += rows - refs;
+            out.push(i);
+        }
+        out
+    }
+
     /// Gather rows into one batch.
     pub(super) fn gather(
         &self,
