@@ -100,13 +100,20 @@ def torchrun(tmp, tag: str, nproc: int, source: str, settings: dict, **kw) -> li
 def envrun(tmp, tag: str, world: int, source: str, settings: dict, **kw) -> list:
     """Run ``world`` plain processes (RANK/WORLD_SIZE env, no torch.distributed) concurrently."""
     spec, out = _spec(tmp, tag, source, settings, init="env", **kw)
+    run_ranks(JOB, spec, world)
+    return _read_outputs(out, world)
+
+
+def run_ranks(script: str, spec: str, world: int, timeout: int = 300) -> None:
+    """Run ``script spec`` as ``world`` processes (RANK/WORLD_SIZE in the environment)
+    concurrently; fail with every failed rank's output."""
     procs = []
     for r in range(world):
         env = child_env()
         env.update(RANK=str(r), WORLD_SIZE=str(world))
         procs.append(
             subprocess.Popen(
-                [sys.executable, JOB, spec],
+                [sys.executable, script, spec],
                 env=env,
                 text=True,
                 stdout=subprocess.PIPE,
@@ -115,11 +122,10 @@ def envrun(tmp, tag: str, world: int, source: str, settings: dict, **kw) -> list
         )
     errors = []
     for r, p in enumerate(procs):
-        so, se = p.communicate(timeout=300)
+        so, se = p.communicate(timeout=timeout)
         if p.returncode != 0:
             errors.append(f"rank {r} failed ({p.returncode}):\n{so[-2000:]}\n{se[-4000:]}")
     assert not errors, "\n".join(errors)
-    return _read_outputs(out, world)
 
 
 # ------------------------------------------------------------------------------ references
@@ -674,23 +680,8 @@ def test_even_batches_packed_ranks_yield_equal_counts(tmp_path):
     )
     # Two plain processes meeting in a file store: torchrun's own process would cost another
     # torch import (seconds) for nothing this test needs.
-    procs = []
-    for r in range(2):
-        env = child_env()
-        env.update(RANK=str(r), WORLD_SIZE="2")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, EVEN_JOB, str(spec)],
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        )
+    run_ranks(EVEN_JOB, str(spec), 2, timeout=240)
     res = []
-    for r, p in enumerate(procs):
-        so, se = p.communicate(timeout=240)
-        assert p.returncode == 0, f"rank {r} failed ({p.returncode}):\n{so[-2000:]}\n{se[-5000:]}"
     for r in range(2):
         with open(out.format(rank=r)) as f:
             res.append(json.load(f))
