@@ -594,3 +594,25 @@ def test_even_batches_bad_arguments_are_named(docs):
         bad = {**st, "even_batches": {**st["even_batches"], "like": {**like, k: v}}}
         with pytest.raises(ValueError, match="'like'"):
             EvenBatches(stream(root, PACK64), "pad").load_state_dict(bad)
+
+
+def test_accelerate_dispatch_of_packed_batches_is_refused(docs):
+    """accelerate's dispatcher cuts every tensor of a batch along dim 0, which would give each
+    process wrong cu_seqlens: with several processes a packing stream (or a mixture with a
+    packing source) is refused naming the reason; one process and plain streams are not."""
+    from types import SimpleNamespace
+
+    from shardstream import Mixture
+    from shardstream.integrations.accelerate import _wrapper
+
+    root, _ = docs
+    p = Pack(seq_len=40)
+    base = SimpleNamespace(num_workers=0, drop_last=True, batch_size=None)
+    dl = SimpleNamespace(base_dataloader=base, split_batches=True, use_stateful_dataloader=False)
+    packed = stream(root, p)
+    per_source = Mixture({"a": stream(root, p, batch_size=None)}, weights={"a": 1.0}, batch_size=4)
+    for ds in (packed, per_source):
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            _wrapper((dl, True, 2), ds).slot(None)
+        assert _wrapper((dl, True, 1), ds).slot(None) == (0, 1)
+    assert _wrapper((dl, True, 2), stream(root, None)).slot(None) == (0, 1)

@@ -42,6 +42,7 @@ class Wrapper:
     registered: bool  # the loader's Accelerator went through register()
     workers: int = 0  # the DataLoader's num_workers
     short_batches: bool = False  # it batches rows without drop_last: each worker's last is short
+    packed: bool = False  # the stream packs tokens (pack=): its batches carry cu_seqlens
 
     def slot(self, world_size: int | None) -> tuple[int, int]:
         """``(rank, world_size)`` the stream must use under this wrapper, or a ``ValueError``."""
@@ -61,6 +62,15 @@ class Wrapper:
                 f"last batch; with {self.workers} DataLoader workers each worker's last batch of "
                 "an epoch comes before the end, and may be shorter: pass drop_last=True to the "
                 "DataLoader, or use num_workers=0 or 1 (HF Trainer: dataloader_num_workers)"
+            )
+        if self.num_processes > 1 and self.packed:
+            raise ValueError(
+                "accelerate dispatch_batches=True cuts every tensor of a batch along its first "
+                f"dimension into {self.num_processes} parts, but a packed batch's cu_seqlens "
+                "(document boundaries over the whole batch) and max_seqlen are not per row, so "
+                "each process would get wrong boundaries: with packing, run one process per "
+                "rank without dispatch (a plain loop: ParquetStream(rank=, world_size=), "
+                "shardstream.EvenBatches for a finite pass)"
             )
         if world_size is not None and world_size > 1:
             raise ValueError(
@@ -129,7 +139,16 @@ def _wrapper(found: tuple[Any, bool, int], dataset: Any) -> Wrapper:
             else getattr(dataset, "batch_size", None) is not None
             and not getattr(dataset, "drop_last", False)
         ),
+        packed=_packs(dataset),
     )
+
+
+def _packs(dataset: Any) -> bool:
+    """Whether ``dataset`` (a stream or a mixture) packs tokens, itself or in a source."""
+    if getattr(dataset, "_pack", None) is not None:
+        return True
+    sources = getattr(dataset, "sources", None)
+    return isinstance(sources, dict) and any(_packs(s) for s in sources.values())
 
 
 def wrapper(dataset: Any) -> Wrapper | None:
