@@ -124,6 +124,8 @@ def _loader_of(dataset: Any) -> tuple[Any, bool, int] | None:
 
 
 def _wrapper(found: tuple[Any, bool, int], dataset: Any) -> Wrapper:
+    from ..even import _pack_of
+
     dl, dispatch, num = found
     base = dl.base_dataloader
     return Wrapper(
@@ -139,16 +141,8 @@ def _wrapper(found: tuple[Any, bool, int], dataset: Any) -> Wrapper:
             else getattr(dataset, "batch_size", None) is not None
             and not getattr(dataset, "drop_last", False)
         ),
-        packed=_packs(dataset),
+        packed=_pack_of(dataset) is not None,
     )
-
-
-def _packs(dataset: Any) -> bool:
-    """Whether ``dataset`` (a stream or a mixture) packs tokens, itself or in a source."""
-    if getattr(dataset, "_pack", None) is not None:
-        return True
-    sources = getattr(dataset, "sources", None)
-    return isinstance(sources, dict) and any(_packs(s) for s in sources.values())
 
 
 def wrapper(dataset: Any) -> Wrapper | None:
