@@ -675,12 +675,12 @@ fn compact(
         .filter(|&i| picked.get(entries[i].batch as usize) == Some(&true))
         .collect();
     let locs: Vec<Loc> = moved.iter().map(|&i| entries[i]).collect();
+    if locs.is_empty() {
+        return Ok(());
+    }
     let merged = slab.gather(schema, &locs)?;
     for l in &locs {
         slab.release(l.batch);
-    }
-    if locs.is_empty() {
-        return Ok(());
     }
     let id = slab.insert(merged, locs.len() as u32);
     for (k, &i) in moved.iter().enumerate() {
