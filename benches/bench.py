@@ -24,7 +24,8 @@ of the measuring process); ratios are shardstream / baseline, both measured in t
            shuffle buffers --buffers; the 99%/1% ratio per run; baseline (no buffer): pyarrow
            reading and dropping rows, and jumping to the row group by footer row counts
   state    (d) state_dict() latency p50/p90/p99/max, called after every batch while
-           iterating (--state-calls calls), shuffle buffers --buffers; pickled size
+           iterating (--state-calls calls), shuffle buffers --buffers, and the calling
+           thread's CPU time per call p50/p99 (wall time also counts preemption); pickled size
   rss      (e) RSS after imports (bare interpreter, pyarrow, shardstream with numpy output,
            with torch), peak RSS of every (a)/(b) run over its imports, and RSS per 1,000
            shards (benches/startup.py's shard sets: open + first batch vs pyarrow.dataset)
@@ -199,9 +200,12 @@ def _ss_state_latency(data: str, shuffle_buffer: int, calls: int) -> dict:
     from shardstream.cli.bench import percentile, state_dict_latencies
 
     ds = _stream(data, COLUMNS, shuffle_buffer=shuffle_buffer, epochs=None)
-    lat, state = state_dict_latencies(ds, calls, after_rows=shuffle_buffer)
+    cpu: list[float] = []
+    lat, state = state_dict_latencies(ds, calls, after_rows=shuffle_buffer, cpu=cpu)
     lat.sort()
+    cpu.sort()
     out = {f"p{q}_us": percentile(lat, q) * 1e6 for q in (50, 90, 99)}
+    out.update({f"cpu_p{q}_us": percentile(cpu, q) * 1e6 for q in (50, 99)})
     out.update(
         max_us=lat[-1] * 1e6,
         calls=len(lat),
@@ -1109,7 +1113,7 @@ class Bench:
                     f"{summary([r['calls'] for r in runs])['min']:,.0f}",
                     *[
                         with_spread([r[f"{q}_us"] for r in runs], us)
-                        for q in ("p50", "p90", "p99", "max")
+                        for q in ("p50", "p90", "p99", "max", "cpu_p50", "cpu_p99")
                     ],
                     f"{runs[0]['pickled_bytes']:,}",
                     load_range(runs),
@@ -1124,6 +1128,8 @@ class Bench:
                 "p90, us",
                 "p99, us",
                 "max, us",
+                "CPU p50, us",
+                "CPU p99, us",
                 "pickled bytes",
                 "load",
             ],

@@ -17,6 +17,7 @@ interrupted and resumed again, and every state survives ``torch.save`` /
 
 from __future__ import annotations
 
+import base64
 import copy
 import io
 import itertools
@@ -249,6 +250,18 @@ def torch_roundtrip(state: Any) -> Any:
 
 def pickle_roundtrip(state: Any) -> Any:
     return pickle.loads(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def as_version_2(state: dict) -> dict:
+    """A stream state (version 3) as shardstream wrote it before 2026-12-02 (version 2): the
+    same, with the buffer's row ids as base64 text instead of Latin-1 text."""
+    st = copy.deepcopy(state)
+    assert st["version"] == 3, st["version"]
+    if st["position"] is not None:
+        raw = st["position"]["buffer"].encode("latin-1")
+        st["position"]["buffer"] = base64.b64encode(raw).decode("ascii")
+    st["version"] = 2
+    return st
 
 
 # ----------------------------------------------------------------- harness

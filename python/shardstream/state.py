@@ -61,7 +61,7 @@ class Position(TypedDict):
     cursor: int
     emitted: int
     rng_word_pos: int
-    buffer: str
+    buffer: str  # row ids: Latin-1 text of their little-endian u64 bytes (base64 in version 2)
     specs: list[Spec]
     seek: Seek | None
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
+import struct
 
 import pytest
 import torch
-from harness import make_ds, take, walk
+from harness import as_version_2, keys_of, make_ds, take, walk
+from shardstream import StateError
 
 PLAIN = (dict, list, str, int, bool, bytes, type(None))
 
@@ -67,6 +70,49 @@ def test_state_loads_from_file_weights_only(small, tmp_path):
     torch.save({"loader": state, "step": 20}, f)
     back = torch.load(f, weights_only=True)
     assert back["loader"] == state
+
+
+def buffer_ids(state) -> list[int]:
+    """The row ids of a state's shuffle buffer: Latin-1 text, a character per byte."""
+    raw = state["position"]["buffer"].encode("latin-1")
+    return list(struct.unpack(f"<{len(raw) // 8}Q", raw))
+
+
+def test_buffer_is_latin1_text_of_the_buffered_row_ids(small):
+    s = dict(output="arrow", shuffle_buffer=50, seed=3, batch_size=4)
+    ds = make_ds(small.root, s)
+    seen = [i for b in take(iter(ds), 9) for i in b.column("id").to_pylist()]
+    state = ds.state_dict()
+    assert state["version"] == 3
+    ids = buffer_ids(state)
+    pos = state["position"]
+    assert len(ids) == pos["cursor"] - pos["emitted"] == 50
+    # The buffered rows are rows read and not yet yielded: none of them was yielded, and the
+    # rest of the epoch yields every one of them.
+    assert not set(ids) & set(seen) and len(set(ids)) == len(ids)
+    rest = [i for b in ds for i in b.column("id").to_pylist()]
+    assert set(ids) <= set(rest)
+
+
+@pytest.mark.parametrize("k", [0, 7, 40])
+def test_version_2_state_loads_and_continues_identically(small, k):
+    """States saved before the buffer became Latin-1 text (version 2, base64) still resume, and
+    to the same stream as the version-3 state saved at that point."""
+    s = dict(output="arrow", shuffle_buffer=50, seed=3, batch_size=4, epochs=2)
+    full = keys_of(make_ds(small.root, s), True)
+    ds = make_ds(small.root, s)
+    take(iter(ds), k)
+    state = ds.state_dict()
+    old = json.loads(json.dumps(as_version_2(state)))
+    if k:
+        assert old["position"]["buffer"].isascii() and len(buffer_ids(state)) == 50
+    ds2 = make_ds(small.root, s)
+    ds2.load_state_dict(old)
+    assert full[:k] + keys_of(ds2, True) == full
+    if k:
+        broken = dict(old, position=dict(old["position"], buffer=old["position"]["buffer"][:-2]))
+        with pytest.raises(StateError, match=r"state\['position'\]\['buffer'\]"):
+            make_ds(small.root, s).load_state_dict(broken)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ pyarrow's own reading of the footers; ``state`` reads states made by the real AP
 from __future__ import annotations
 
 import argparse
-import base64
 import copy
 import io
 import json
@@ -327,7 +326,7 @@ def test_state_torch_checkpoint_with_matching_source(tmp_path, capsys, pi_data):
         assert got["epoch"] == pos["epoch"] == 0
         assert got["emitted"] == pos["emitted"] > 0
         assert got["cursor"] == pos["cursor"]
-        assert got["buffer_rows"] == len(base64.b64decode(pos["buffer"])) // 8 > 0
+        assert got["buffer_rows"] == len(pos["buffer"].encode("latin-1")) // 8 > 0
         assert got["rows_per_epoch"] == rows / 2
         assert got["percent"] == pytest.approx(100 * pos["emitted"] / (rows / 2), abs=0.01)
         assert got["fingerprint"] == st["fingerprint"]
@@ -602,17 +601,20 @@ def test_malformed_state_is_described_not_crashed(capsys):
         {"format": "shardstream.ParquetStream", "version": 9, "position": 3, "skips": "x"}
     )
     # The core parses it as a load would and names the first thing wrong (the version).
-    assert d["problems"] == ["state version 9 is not supported: this shardstream reads version 2"]
+    assert d["problems"] == [
+        "state version 9 is not supported: this shardstream reads versions 2 and 3"
+    ]
     assert d["percent"] is None
 
 
-def _cut(st: dict, *path: str, keep: int) -> dict:
-    """A copy of ``st`` with the string at ``path`` cut to ``keep`` characters."""
+def _cut(st: dict, *path: str, keep: int, put: str = "") -> dict:
+    """A copy of ``st`` with the string at ``path`` cut to ``keep`` characters, the last of them
+    replaced by ``put`` if given."""
     st = copy.deepcopy(st)
     d = st
     for k in path[:-1]:
         d = d[k]
-    d[path[-1]] = d[path[-1]][:keep]
+    d[path[-1]] = d[path[-1]][: keep - len(put)] + put
     return st
 
 
@@ -676,8 +678,14 @@ def _bad_inputs(st: dict) -> dict:
             json.dumps({"format": st["format"], "version": 2}).encode(),
             ["malformed", "missing field `fingerprint`"],
         ),
-        "buffer cut (bad base64)": (
-            json.dumps(_cut(st, "position", "buffer", keep=len(st["position"]["buffer"]) - 3)),
+        "buffer with a character beyond Latin-1": (
+            json.dumps(
+                _cut(st, "position", "buffer", keep=len(st["position"]["buffer"]), put="\u0100")
+            ),
+            ["malformed", "state['position']['buffer'] holds the character", "not Latin-1 text"],
+        ),
+        "version-2 buffer that is not base64": (
+            json.dumps(dict(st, version=2)),
             ["malformed", "state['position']['buffer'] is not valid base64"],
         ),
         "buffer cut (partial row id)": (

@@ -149,11 +149,14 @@ def time_resume(make_stream: Callable[[], Any], state: Any) -> tuple[float, floa
     return t1 - t0, time.perf_counter() - t1, first
 
 
-def state_dict_latencies(ds: Any, calls: int, after_rows: int = 0) -> tuple[list[float], Any]:
+def state_dict_latencies(
+    ds: Any, calls: int, after_rows: int = 0, cpu: list[float] | None = None
+) -> tuple[list[float], Any]:
     """Seconds taken by each ``ds.state_dict()`` called after every batch while iterating
     ``ds`` (``output="arrow"``; what a loader snapshotting every step does), the first once
     ``after_rows`` rows were read (a full shuffle buffer), until ``calls`` calls or the end
-    of the stream.
+    of the stream. With ``cpu`` (a list), each call's CPU time on this thread is appended to it
+    too: wall time also counts the moments the scheduler gave this core to another thread.
     Returns the latencies and the first of those states."""
     lat: list[float] = []
     state = None
@@ -162,9 +165,12 @@ def state_dict_latencies(ds: Any, calls: int, after_rows: int = 0) -> tuple[list
         seen += b.num_rows
         if seen < after_rows:
             continue
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         st = ds.state_dict()
-        lat.append(time.perf_counter() - t)
+        c1, t1 = time.thread_time(), time.perf_counter()
+        lat.append(t1 - t)
+        if cpu is not None:
+            cpu.append(c1 - c)
         if state is None:
             state = st
         if len(lat) >= calls:

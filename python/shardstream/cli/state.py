@@ -23,7 +23,6 @@ check (exit status 1).
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import warnings
@@ -195,8 +194,9 @@ def _describe_stream(parsed: dict[str, Any]) -> dict[str, Any]:
         "slot": slot,
         "rows_per_epoch": None if rows_per_epoch is None else round(rows_per_epoch, 1),
         "percent": percent,
-        # 8 bytes per row id, base64: 4 characters per 3 bytes.
-        "buffer_rows": len(base64.b64decode(pos["buffer"])) // 8 if started else 0,
+        # Latin-1 text, one character per byte, 8 per row id (`parse_states` upgrades a
+        # version-2 state's base64 to it).
+        "buffer_rows": len(pos["buffer"]) // 8 if started else 0,
         "skips": parsed["skips"],
         "skipped_rows": sum(r["stop"] - r["start"] for r in parsed["skips"]),
         "settings": parsed["settings"],

@@ -107,6 +107,30 @@ fn convert(obj: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> PyResult<
     ))
 }
 
+/// Row ids as a shuffle buffer's text in a state (`shardstream_core::state::ids_to_latin1`), made
+/// from their little-endian bytes by CPython's Latin-1 decoder: one scan and a copy, where the
+/// core's `String` would be UTF-8 (two bytes for half the characters) and decoded as such.
+pub fn ids_to_py<'py>(py: Python<'py>, ids: &[u64]) -> PyResult<Bound<'py, PyString>> {
+    #[cfg(target_endian = "little")]
+    // SAFETY: on a little-endian target a `u64`'s memory is its little-endian bytes; `u8` has
+    // alignment 1 and every bit pattern, and the slice covers exactly the ids' memory.
+    let raw: &[u8] = unsafe { std::slice::from_raw_parts(ids.as_ptr().cast(), ids.len() * 8) };
+    #[cfg(not(target_endian = "little"))]
+    let raw: &[u8] = &ids
+        .iter()
+        .flat_map(|r| r.to_le_bytes())
+        .collect::<Vec<u8>>();
+    let len = pyo3::ffi::Py_ssize_t::try_from(raw.len())
+        .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("shuffle buffer too large"))?;
+    // SAFETY: `raw` is valid for `len` bytes during the call; a NULL `errors` is "strict", which
+    // Latin-1 never needs (every byte is a character). The result is a new reference or NULL
+    // with an exception set, which `from_owned_ptr_or_err` turns into the error.
+    unsafe {
+        let s = pyo3::ffi::PyUnicode_DecodeLatin1(raw.as_ptr().cast(), len, std::ptr::null());
+        Ok(Bound::from_owned_ptr_or_err(py, s)?.cast_into_unchecked())
+    }
+}
+
 /// A value tree as plain Python objects (dicts keep the fields' order).
 pub fn from_value<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
     Ok(match v {

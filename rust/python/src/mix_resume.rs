@@ -9,6 +9,7 @@ use shardstream_core::state::mixture::MixtureState;
 use crate::convert::{from_value, list_to_values};
 use crate::error::detach;
 use crate::mixture::RawMixture;
+use crate::resume::put_buffer;
 
 #[pyclass(name = "RawMixResume", module = "shardstream._core", frozen)]
 pub struct RawMixResume {
@@ -21,6 +22,22 @@ pub fn mixture_state_to_py<'py>(
     st: &MixtureState,
 ) -> PyResult<Bound<'py, PyDict>> {
     Ok(from_value(py, &st.to_value())?.cast_into::<PyDict>()?)
+}
+
+/// `st` as a Python dict with `ids[i]` as the buffer of its `i`-th source (name order; their own
+/// text is empty, as `MixStream::checkpoint_ids` leaves it): see `resume::state_with_ids`.
+pub fn mixture_state_with_ids<'py>(
+    py: Python<'py>,
+    st: &MixtureState,
+    ids: &[Vec<u64>],
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = mixture_state_to_py(py, st)?;
+    let sources = d.get_item("sources")?;
+    for (name, ids) in st.sources.keys().zip(ids) {
+        let source = sources.as_ref().and_then(|x| x.get_item(name).ok());
+        put_buffer(py, source.as_ref(), ids)?;
+    }
+    Ok(d)
 }
 
 #[pymethods]

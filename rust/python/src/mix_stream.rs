@@ -10,7 +10,7 @@ use shardstream_core::{Error, Layout};
 
 use crate::convert::BatchOut;
 use crate::error::{detach, guard, to_py};
-use crate::mix_resume::{mixture_state_to_py, RawMixResume};
+use crate::mix_resume::{mixture_state_with_ids, RawMixResume};
 use crate::mixture::RawMixture;
 
 /// `(items, epoch, rows of that epoch, weight, active)` of one source.
@@ -131,8 +131,8 @@ impl RawMixStream {
         py: Python<'py>,
         within: Option<usize>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let st = self.with(py, |s| s.checkpoint(within))?;
-        mixture_state_to_py(py, &st)
+        let (st, ids) = self.with(py, |s| s.checkpoint_ids(within))?;
+        mixture_state_with_ids(py, &st, &ids)
     }
 
     /// Where the mixture's next stream starts: here, or the start of the pass once it ended.

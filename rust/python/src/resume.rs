@@ -7,7 +7,7 @@ use shardstream_core::resume::Resume;
 use shardstream_core::state::envelope::{parse_skips, parse_stream, SkipRecord, StreamState};
 
 use crate::catalog::RawCatalog;
-use crate::convert::{from_value, list_to_values, to_value};
+use crate::convert::{from_value, ids_to_py, list_to_values, to_value};
 use crate::error::{detach, to_py};
 use crate::settings::RawSettings;
 
@@ -40,10 +40,26 @@ pub fn state_to_py<'py>(py: Python<'py>, st: &StreamState) -> PyResult<Bound<'py
     Ok(from_value(py, &st.to_value())?.cast_into::<PyDict>()?)
 }
 
-/// [`state_to_py`] for a state that is not kept (`state_dict()`): its buffer text is moved, not
-/// copied.
-pub fn state_into_py(py: Python<'_>, st: StreamState) -> PyResult<Bound<'_, PyDict>> {
-    Ok(from_value(py, &st.into_value())?.cast_into::<PyDict>()?)
+/// `st` as a Python dict with `ids` as its `position['buffer']` (`st`'s own text is not read:
+/// `state_dict()` passes a state from `checkpoint_ids`, whose text is empty, and the ids go
+/// straight from their bytes to a `str`: [`ids_to_py`]).
+pub fn state_with_ids<'py>(
+    py: Python<'py>,
+    st: &StreamState,
+    ids: &[u64],
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = state_to_py(py, st)?;
+    put_buffer(py, Some(d.as_any()), ids)?;
+    Ok(d)
+}
+
+/// Sets `state['position']['buffer']` of a stream state's dict that has a position.
+pub fn put_buffer(py: Python<'_>, state: Option<&Bound<'_, PyAny>>, ids: &[u64]) -> PyResult<()> {
+    let pos = state.and_then(|s| s.get_item("position").ok());
+    if let Some(pos) = pos.and_then(|p| p.cast_into::<PyDict>().ok()) {
+        pos.set_item("buffer", ids_to_py(py, ids)?)?;
+    }
+    Ok(())
 }
 
 #[pymethods]

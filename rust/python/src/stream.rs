@@ -9,7 +9,7 @@ use shardstream_core::{Error, Layout, Stream};
 use crate::catalog::RawCatalog;
 use crate::convert::BatchOut;
 use crate::error::{detach, guard, to_py};
-use crate::resume::{state_into_py, RawResume};
+use crate::resume::{state_with_ids, RawResume};
 use crate::settings::RawSettings;
 
 /// `(rank, world_size, worker, num_workers)` as the core's layout under `settings.even`.
@@ -102,8 +102,8 @@ impl RawStream {
         py: Python<'py>,
         within: Option<usize>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let st = self.with(py, |s| s.checkpoint(within))?;
-        state_into_py(py, st)
+        let (st, ids) = self.with(py, |s| s.checkpoint_ids(within))?;
+        state_with_ids(py, &st, &ids)
     }
 
     /// Pass over the next `n` items without reading them (recorded in the state); in row mode

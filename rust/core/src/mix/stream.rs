@@ -323,6 +323,22 @@ impl MixStream {
 
     /// The saved state: after the last item, or (row mode) after its first `within` rows.
     pub fn checkpoint(&mut self, within: Option<usize>) -> Result<MixtureState> {
+        let (mut st, ids) = self.checkpoint_ids(within)?;
+        for (source, ids) in st.sources.values_mut().zip(&ids) {
+            if let Some(p) = source.position.as_mut() {
+                p.buffer = crate::state::ids_to_latin1(ids);
+            }
+        }
+        Ok(st)
+    }
+
+    /// [`Self::checkpoint`] with each source's buffer ids beside the state (in name order, the
+    /// order of `sources`), its `position.buffer` text left empty, as a stream's
+    /// `checkpoint_ids`.
+    pub fn checkpoint_ids(
+        &mut self,
+        within: Option<usize>,
+    ) -> Result<(MixtureState, Vec<Vec<u64>>)> {
         let (pos, sources) = match within {
             Some(k) if self.row_mode && k < self.choices.len() => {
                 let (mut m, mut a) = self
@@ -342,19 +358,20 @@ impl MixStream {
                 let mut sources = Vec::with_capacity(self.streams.len());
                 for (s, st) in self.streams.iter_mut().enumerate() {
                     let within = self.pulled[s].then_some(counts[s]);
-                    sources.push(st.checkpoint(within)?);
+                    sources.push(st.checkpoint_ids(within)?);
                 }
                 (m.position(), sources)
             }
             _ => {
                 let mut sources = Vec::with_capacity(self.streams.len());
                 for st in &mut self.streams {
-                    sources.push(st.checkpoint(None)?);
+                    sources.push(st.checkpoint_ids(None)?);
                 }
                 (self.mixer.position(), sources)
             }
         };
-        Ok(self.state_of(&pos, sources))
+        let (sources, ids): (Vec<StreamState>, Vec<Vec<u64>>) = sources.into_iter().unzip();
+        Ok((self.state_of(&pos, sources), ids))
     }
 
     fn state_of(&self, pos: &MixerPos, sources: Vec<StreamState>) -> MixtureState {

@@ -26,8 +26,9 @@ use crate::settings::Settings;
 
 /// `format` of a stream state.
 pub const STREAM_FORMAT: &str = "shardstream.ParquetStream";
-/// The version this code writes and reads.
-pub const STREAM_VERSION: u64 = 2;
+/// The version this code writes. It also reads version 2, whose only difference is the
+/// buffer's text (base64 there, Latin-1 since 3: `state/codec.rs`), upgraded when parsed.
+pub const STREAM_VERSION: u64 = 3;
 
 /// A field that must be present even when its value is `null` (serde would default a missing
 /// `Option` to `None`; a state missing `slot` is truncated, not "not started").
@@ -94,7 +95,8 @@ pub struct SlotRecord {
     pub even: String,
 }
 
-/// A slot's position (the core's [`SlotState`]), row ids as base64 text.
+/// A slot's position (the core's [`SlotState`]): the buffer's row ids as Latin-1 text, a spec's
+/// injected ones as base64 (`state/codec.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PositionRecord {
@@ -212,14 +214,17 @@ impl StreamState {
 
     /// Parse a stream state: format and version first (so a state of another version says so
     /// rather than listing fields), then every field strictly.
-    pub fn parse(v: Value, what: &str) -> Result<StreamState> {
+    pub fn parse(mut v: Value, what: &str) -> Result<StreamState> {
         let version = v.get("version").cloned().unwrap_or(Value::Null);
-        if version.as_u64() != Some(STREAM_VERSION) || version.is_f64() {
+        if version.is_f64() || !matches!(version.as_u64(), Some(2) | Some(STREAM_VERSION)) {
             return Err(Error::State(format!(
-                "state version {} is not supported: this shardstream reads version \
+                "state version {} is not supported: this shardstream reads versions 2 and \
                  {STREAM_VERSION}",
                 py_repr(&version)
             )));
+        }
+        if version.as_u64() == Some(2) {
+            upgrade_v2(&mut v, what)?;
         }
         let st: StreamState = from_value(v, what)?;
         st.check(what)?;
@@ -297,6 +302,17 @@ impl StreamState {
     }
 }
 
+/// A version-2 state as version 3: its buffer's base64 text as Latin-1 text of the same ids.
+/// Anything that is not a string there is left for the field checks to name.
+fn upgrade_v2(v: &mut Value, what: &str) -> Result<()> {
+    if let Some(Value::String(text)) = v.pointer_mut("/position/buffer") {
+        let ids = super::ids_from_base64(text, &format!("{what}['position']['buffer']"))?;
+        *text = super::ids_to_latin1(&ids);
+    }
+    v["version"] = Value::from(STREAM_VERSION);
+    Ok(())
+}
+
 impl Even {
     /// A layout's policy as a state records it: "off", "drop" or "pad".
     pub fn parse_state(v: &str, what: &str) -> Result<Even> {
@@ -369,8 +385,8 @@ impl SettingsRecord {
 }
 
 impl PositionRecord {
-    /// `buffer` is the base64 text of `st`'s buffer (whose own `buffer` field is not read: the
-    /// stream encodes it incrementally).
+    /// `buffer` is the Latin-1 text of `st`'s buffer (whose own `buffer` field is not read: the
+    /// stream moves its ids out first), or empty where the caller puts the ids in itself.
     pub fn of(st: &SlotState, buffer: String, seek: Option<Seek>) -> Self {
         PositionRecord {
             epoch: st.epoch,
@@ -414,7 +430,7 @@ impl PositionRecord {
             cursor: self.cursor,
             emitted: self.emitted,
             rng_word_pos: u128::from(self.rng_word_pos),
-            buffer: ids_from_base64(&self.buffer, &format!("{what}['buffer']"))?,
+            buffer: super::ids_from_latin1(&self.buffer, &format!("{what}['buffer']"))?,
             specs,
             pack: self
                 .pack
@@ -542,8 +558,8 @@ mod tests {
         v["first_epoch"] = json!(true);
         assert!(err(v).contains("first_epoch"));
         let mut v = good();
-        v["version"] = json!(3);
-        assert!(err(v).contains("version 3 is not supported"));
+        v["version"] = json!(4);
+        assert!(err(v).contains("version 4 is not supported"));
         let mut v = good();
         v["version"] = json!(2.0);
         assert!(err(v).contains("version 2.0 is not supported"));

@@ -17,7 +17,7 @@ pub mod mixture;
 pub mod pack;
 pub mod sampler;
 
-pub use codec::{ids_from_base64, ids_to_base64, Base64Cache};
+pub use codec::{ids_from_base64, ids_from_latin1, ids_to_base64, ids_to_latin1};
 
 use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Even, Slot, SlotSpec};

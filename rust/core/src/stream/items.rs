@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::resume::Resume;
 use crate::settings::{Layout, Settings, StreamOptions, Tuning, DEFAULTS};
 use crate::state::envelope::{parse_stream, PositionRecord, StreamState};
+use crate::state::ids_to_latin1;
 
 impl Stream {
     /// The stream of `layout` starting where `resume` says, with `threads` readahead threads.
@@ -142,20 +143,31 @@ impl Stream {
     /// The saved state: the position after the last returned row (`within=None`) or after the
     /// first `within` rows of the last returned chunk (row mode).
     pub fn checkpoint(&mut self, within: Option<usize>) -> Result<StreamState> {
-        let (st, text) = self.snapshot(within)?;
-        let buffer = text.to_owned();
+        let (mut st, ids) = self.checkpoint_ids(within)?;
+        if let Some(p) = st.position.as_mut() {
+            p.buffer = ids_to_latin1(&ids);
+        }
+        Ok(st)
+    }
+
+    /// [`Self::checkpoint`] with the buffer's row ids beside the state instead of in it (its
+    /// `position.buffer` text is empty): `state_dict()` hands them to Python as `bytes`, so a
+    /// per-step snapshot encodes nothing in proportion to the buffer.
+    pub fn checkpoint_ids(&mut self, within: Option<usize>) -> Result<(StreamState, Vec<u64>)> {
+        let (st, ids) = self.snapshot(within)?;
         let seek = self.seek_of(&st);
-        Ok(StreamState::new(
+        let state = StreamState::new(
             &self.catalog,
             &self.settings,
             self.opts.first_epoch,
             Some((
                 self.slot,
                 self.opts.even,
-                PositionRecord::of(&st, buffer, seek),
+                PositionRecord::of(&st, String::new(), seek),
             )),
             self.skips.records(),
-        ))
+        );
+        Ok((state, ids))
     }
 
     /// Where the next stream of this dataset starts: here (`within` rows into the last chunk),

@@ -32,7 +32,7 @@ use crate::rng::{derive_key, Prng};
 use crate::settings::Settings;
 pub use crate::settings::StreamOptions;
 use crate::shuffle::Buffer;
-use crate::state::{check_state, Base64Cache, Seek, SlotState};
+use crate::state::{check_state, Seek, SlotState};
 use input::{CoordRows, DataRows, Input};
 use slab::{read_entries, DataSide, Loc, Refill, Slab};
 
@@ -53,8 +53,6 @@ pub struct Stream {
     /// Non-standard specs of the current and later epochs (after an elastic resume).
     specs: Vec<(u64, SlotSpec)>,
     data: Option<DataSide>,
-    /// Incremental base64 of the buffer for cheap per-step snapshots.
-    encoded: Base64Cache,
     /// State before the last returned batch, when `keep_batch_start` is on (row mode).
     batch_start: Option<SlotState>,
     keep_batch_start: bool,
@@ -111,7 +109,6 @@ impl Stream {
             spec,
             specs: Vec::new(),
             data: None,
-            encoded: Base64Cache::default(),
             batch_start: None,
             keep_batch_start: false,
             settings,
@@ -262,19 +259,17 @@ impl Stream {
     }
 
     /// A state for serialization: the state (`within` rows into the last batch, or after it)
-    /// with its buffer moved out into base64 text, encoded incrementally.
-    pub fn snapshot(&mut self, within: Option<usize>) -> Result<(SlotState, &str)> {
-        let mut st = match within {
-            Some(k) => self.state_within_batch(k)?,
-            None => self.state_without_buffer(),
-        };
-        let rows = std::mem::take(&mut st.buffer);
-        let text = self.encoded.encode(if within.is_some() {
-            &rows
-        } else {
-            &self.buffer.rows
-        });
-        Ok((st, text))
+    /// with its buffer's row ids moved out beside it (the caller encodes them: base64 text for
+    /// the JSON form, `bytes` in Python without any encoding).
+    pub fn snapshot(&mut self, within: Option<usize>) -> Result<(SlotState, Vec<u64>)> {
+        match within {
+            Some(k) => {
+                let mut st = self.state_within_batch(k)?;
+                let rows = std::mem::take(&mut st.buffer);
+                Ok((st, rows))
+            }
+            None => Ok((self.state_without_buffer(), self.buffer.rows.clone())),
+        }
     }
 
     fn state_without_buffer(&self) -> SlotState {
