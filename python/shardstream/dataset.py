@@ -32,7 +32,7 @@ import pyarrow as pa
 from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
-from ._iterator import StreamIterator
+from ._iterator import StreamIterator, make_iterator
 from .convert import OUTPUTS, Converter
 from .errors import StateError
 from .integrations import accelerate as _accelerate
@@ -484,7 +484,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             else Converter(self._output, self.catalog.schema, self._list_format)
         )
         batched = self._settings.batch_size is not None
-        self._iter = StreamIterator(self, conv, batched)
+        self._iter = make_iterator(self, conv, batched)
         return self._iter
 
     def _open_stream(self) -> RawStream:
