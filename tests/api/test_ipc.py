@@ -3,8 +3,10 @@ reads, exact resume through the shared harness, workers, fingerprints, bad input
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
+import time
 from pathlib import Path
 
 import numpy as np
@@ -486,6 +488,20 @@ def _read_threads() -> int:
     return n
 
 
+def _settled_read_threads() -> int:
+    """``_read_threads()`` once threads of dropped iterators have exited (up to 10 s)."""
+    gc.collect()
+    deadline = time.monotonic() + 10
+    n = _read_threads()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        m = _read_threads()
+        if m == n == 0 or (m == n and time.monotonic() > deadline - 9):
+            return m
+        n = m
+    return n
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("comp", COMPRESSIONS)
@@ -497,7 +513,7 @@ def test_uncompressed_local_shards_decode_in_the_caller(tmp_path, kind, comp):
     paths = write_set(tmp_path, kind, comp, layout=[[4] * 20, [3] * 10])
     want = [r["id"] for r in pyarrow_rows(paths)]
     for threads, started in ((None, comp is not None), (1, True)):
-        before = _read_threads()
+        before = _settled_read_threads()
         ds = ParquetStream(paths, batch_size=4, output="arrow", shuffle_buffer=0,
                            readahead_threads=threads)  # fmt: skip
         it = iter(ds)
@@ -505,3 +521,4 @@ def test_uncompressed_local_shards_decode_in_the_caller(tmp_path, kind, comp):
         assert (_read_threads() > before) == started, (threads, comp)
         got += [i for b in it for i in b.column("id").to_pylist()]
         assert got == want
+        del ds, it
