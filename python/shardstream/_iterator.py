@@ -9,6 +9,10 @@ row mode, hands the rows of a chunk out one at a time, remembering how many it h
 ``state_dict()`` between two rows is the position after exactly those rows (the core computes
 it on row ids). Only the dataset's newest iterator owns the position: an older one refuses to
 go on rather than yield rows the dataset's state would not account for.
+
+Batch mode's ``__next__`` is ``_core.RawIter``'s (Rust): a batch costs no Python frame (with
+``output="arrow"`` nothing runs in Python per batch). It does what ``RowIterator.__next__``
+does per chunk: refuse once stale, make the stream on first use, convert.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._core import RawResume, RawStream
+from ._core import RawIter, RawResume
 from .convert import Converter
 
 if TYPE_CHECKING:
@@ -25,67 +29,23 @@ if TYPE_CHECKING:
 _END = object()
 
 
-class StreamIterator:
-    """Iterator returned by ``iter(ParquetStream(...))``."""
+class StreamIterator(RawIter):
+    """Iterator returned by ``iter(ParquetStream(...))`` in batch mode (``RawIter`` holds the
+    owner, the stream once made as ``_raw``, ``started`` and ``ended``)."""
 
     def __init__(self, owner: ParquetStream, conv: Converter, batched: bool):
+        # (RawIter.__new__ took the same arguments)
         self._owner = owner
-        self._raw_stream: RawStream | None = None  # made at the first next()
         self._conv = conv
-        self._batched = batched
         self._rows: Iterator[Any] | None = None  # row mode: the last chunk's rows not handed out
         self._chunk_rows = 0
         self._handed = 0
-        self.ended = False
-
-    @property
-    def started(self) -> bool:
-        return self._raw_stream is not None
-
-    @property
-    def _raw(self) -> RawStream:
-        if self._raw_stream is None:
-            self._raw_stream = self._owner._open_stream()
-        return self._raw_stream
-
-    def __iter__(self) -> StreamIterator:
-        return self
 
     def _within(self) -> int | None:
         """Row mode, mid-chunk: rows of the last chunk handed out (``None``: all or none)."""
         if self._rows is None or self._handed >= self._chunk_rows:
             return None
         return self._handed
-
-    def __next__(self) -> Any:
-        if self.ended:
-            raise StopIteration
-        if self._owner._iter is not self:
-            self.ended = True  # like a generator that raised: finished from now on
-            raise RuntimeError(
-                f"this iterator is stale: iter() was called again on the same "
-                f"{type(self._owner).__name__}, and only the newest iterator owns the dataset's "
-                "position"
-            )
-        if self._batched:
-            rb = self._raw.next_item()
-            if rb is None:
-                self.ended = True
-                raise StopIteration
-            return self._conv.batch(rb)
-        while True:
-            if self._rows is not None:
-                row = next(self._rows, _END)
-                if row is not _END:
-                    self._handed += 1
-                    return row
-                self._rows = None
-            rb = self._raw.next_item()
-            if rb is None:
-                self.ended = True
-                raise StopIteration
-            self._rows = iter(self._conv.rows(rb))
-            self._chunk_rows, self._handed = rb.num_rows, 0
 
     def state_dict(self) -> dict[str, Any]:
         return self._raw.state_dict(within=self._within())
@@ -102,3 +62,36 @@ class StreamIterator:
 
     def replay(self, records: Any = None, states: Any = None) -> None:
         self._raw.add_replay(records=records, states=states)
+
+
+class RowIterator(StreamIterator):
+    """Iterator returned by ``iter(ParquetStream(...))`` in row mode."""
+
+    def __next__(self) -> Any:
+        if self.ended:
+            raise StopIteration
+        if self._owner._iter is not self:
+            self.ended = True  # like a generator that raised: finished from now on
+            raise RuntimeError(
+                f"this iterator is stale: iter() was called again on the same "
+                f"{type(self._owner).__name__}, and only the newest iterator owns the dataset's "
+                "position"
+            )
+        while True:
+            if self._rows is not None:
+                row = next(self._rows, _END)
+                if row is not _END:
+                    self._handed += 1
+                    return row
+                self._rows = None
+            rb = self._raw.next_item()
+            if rb is None:
+                self.ended = True
+                raise StopIteration
+            self._rows = iter(self._conv.rows(rb))
+            self._chunk_rows, self._handed = rb.num_rows, 0
+
+
+def make_iterator(owner: Any, conv: Any, batched: bool) -> StreamIterator:
+    """The iterator of one pass: batch mode's ``__next__`` in Rust, row mode's here."""
+    return StreamIterator(owner, conv, batched) if batched else RowIterator(owner, conv, batched)

@@ -186,6 +186,8 @@ class Converter:
         if list_format == "nested" and output != "torch":
             raise ValueError('list_format="nested" needs output="torch"')
         self.output = output
+        # batch() returns its argument: the iterator (``_core.RawIter``) then skips the call
+        self.passthrough = output == "arrow"
         self.list_format = list_format
         self.names = list(schema.names)
         self.kinds = [_kind(f.type) for f in schema]

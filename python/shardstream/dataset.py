@@ -32,7 +32,7 @@ import pyarrow as pa
 from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
-from ._iterator import StreamIterator
+from ._iterator import StreamIterator, make_iterator
 from .convert import OUTPUTS, Converter
 from .errors import StateError
 from .integrations import accelerate as _accelerate
@@ -117,9 +117,11 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             slot. A single rank never drops or pads.
         read_batch_rows: rows per decoded Parquet batch (tuning only; never changes the stream).
         readahead_threads: background decoding threads per iterator (``0`` decodes in the
-            caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1, and 8
-            for URL sources. Threads start on the first ``next()`` (inside the worker process),
-            never before a fork.
+            caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1, 8
+            for URL sources, and 0 when every shard is a local uncompressed Arrow IPC file or
+            stream (such a batch decodes to arrays over the mapped file, cheaper than handing
+            it over from a thread). Threads start on the first ``next()`` (inside the worker
+            process), never before a fork.
         readahead_depth: decoded batches each readahead thread may hold ready.
         storage_options: settings for URL sources: the ``object_store`` crate's configuration
             keys for the scheme (e.g. ``{"aws_endpoint": "http://127.0.0.1:9000",
@@ -482,7 +484,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             else Converter(self._output, self.catalog.schema, self._list_format)
         )
         batched = self._settings.batch_size is not None
-        self._iter = StreamIterator(self, conv, batched)
+        self._iter = make_iterator(self, conv, batched)
         return self._iter
 
     def _open_stream(self) -> RawStream:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawMixResume, RawMixStream, RawMixture
-from ._iterator import StreamIterator
+from ._iterator import StreamIterator, make_iterator
 from .convert import OUTPUTS, Converter
 from .dataset import ParquetStream
 from .errors import StateError
@@ -491,7 +491,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
     def __iter__(self) -> Iterator[Any]:
         self._start_point()
         conv: Any = PackConverter(self._output) if self._packed else _MixConverter(self, self.raw)
-        self._iter = StreamIterator(self, conv, self.batch_size is not None)  # type: ignore[arg-type]
+        self._iter = make_iterator(self, conv, self.batch_size is not None)
         return self._iter
 
     def _open_stream(self) -> RawMixStream:

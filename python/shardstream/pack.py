@@ -180,6 +180,8 @@ class PackConverter:
 
     def __init__(self, output: str) -> None:
         self.output = output
+        # batch() returns its argument: the iterator (``_core.RawIter``) then skips the call
+        self.passthrough = output == "arrow"
         self._torch: Any = None
         if output == "torch":
             import torch

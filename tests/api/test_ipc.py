@@ -3,8 +3,10 @@ reads, exact resume through the shared harness, workers, fingerprints, bad input
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
+import time
 from pathlib import Path
 
 import numpy as np
@@ -472,3 +474,51 @@ def test_bad_state_json_is_a_clear_error(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps(missing))
     with pytest.raises(FileNotFoundError, match=r"data-9\.arrow"):
         ParquetStream(str(tmp_path))
+
+
+def _read_threads() -> int:
+    """Readahead threads alive in this process (named ``shardstream-read-N``)."""
+    n = 0
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                n += f.read().startswith("shardstream-rea")  # (comm: 15 characters)
+        except FileNotFoundError:
+            pass  # (a thread that just ended)
+    return n
+
+
+def _settled_read_threads() -> int:
+    """``_read_threads()`` once threads of dropped iterators have exited (up to 10 s)."""
+    gc.collect()
+    deadline = time.monotonic() + 10
+    n = _read_threads()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        m = _read_threads()
+        if m == n == 0 or (m == n and time.monotonic() > deadline - 9):
+            return m
+        n = m
+    return n
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("comp", COMPRESSIONS)
+def test_uncompressed_local_shards_decode_in_the_caller(tmp_path, kind, comp):
+    """readahead_threads=None: local uncompressed IPC shards are decoded in the caller (a batch
+    is arrays over the mapped file: a thread's hand-off would cost more than the decode);
+    compressed ones get readahead threads, and a count given is kept. Same rows every way."""
+    # more batches than a readahead channel holds: a thread started is still there after one
+    paths = write_set(tmp_path, kind, comp, layout=[[4] * 20, [3] * 10])
+    want = [r["id"] for r in pyarrow_rows(paths)]
+    for threads, started in ((None, comp is not None), (1, True)):
+        before = _settled_read_threads()
+        ds = ParquetStream(paths, batch_size=4, output="arrow", shuffle_buffer=0,
+                           readahead_threads=threads)  # fmt: skip
+        it = iter(ds)
+        got = next(it).column("id").to_pylist()
+        assert (_read_threads() > before) == started, (threads, comp)
+        got += [i for b in it for i in b.column("id").to_pylist()]
+        assert got == want
+        del ds, it

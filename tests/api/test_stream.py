@@ -603,6 +603,47 @@ def test_abandoned_iterators_do_not_leak_or_disturb(small):
     assert keys_of(make_ds(small.root, st), True) == full
 
 
+@pytest.mark.parametrize("batch_size", [5, None])
+def test_iterator_and_dataset_are_collected_together(small, batch_size):
+    """The iterator holds its dataset and the dataset its newest iterator (in batch mode a Rust
+    object, which reports what it holds to the garbage collector): dropped, both go."""
+    import gc
+    import weakref
+
+    ds = make_ds(small.root, dict(output="arrow", batch_size=batch_size, readahead_threads=1))
+    it = iter(ds)
+    next(it)
+    refs = [weakref.ref(ds), weakref.ref(it)]
+    del ds, it
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+
+
+@pytest.mark.parametrize("batch_size", [4, None])
+@pytest.mark.parametrize("output", ["arrow", "python"])
+def test_stale_iterator_in_either_mode(small, batch_size, output):
+    """Batch mode iterates in Rust, row mode in Python: both refuse once a newer iterator exists,
+    stay finished, and the newer one continues after the older one's last item."""
+    st = dict(output=output, batch_size=batch_size, columns=["id"])
+    batched = batch_size is not None
+    full = keys_of(make_ds(small.root, st), batched)
+    ds = make_ds(small.root, st)
+    it1 = iter(ds)
+    head = keys_of(take(it1, 3), batched)
+    it2 = iter(ds)
+    assert it1.started and not it2.started and not it1.ended
+    stale = r"stale: iter\(\) was called again on the same ParquetStream"
+    with pytest.raises(RuntimeError, match=stale):
+        next(it1)
+    assert it1.ended
+    with pytest.raises(StopIteration):
+        next(it1)
+    assert head + keys_of(it2, batched) == full
+    assert it2.ended
+    with pytest.raises(StopIteration):
+        next(it2)
+
+
 def test_state_dict_before_iterating_an_elastic_load(small):
     """After loading every rank's state into another layout, state_dict() before the first
     next() is this rank's share: resuming from it gives exactly what iterating would, and

@@ -37,7 +37,11 @@ use crate::reader::SegmentReader;
 use parquet::file::page_index::offset_index::PageLocation;
 
 enum Msg {
-    Batch(u64, RecordBatch),
+    /// A batch, its first row's id, and whether it ends its piece (one message fewer per
+    /// piece than an end marker after it: a local IPC piece is often one batch, and each
+    /// message may wake a thread).
+    Batch(u64, RecordBatch, bool),
+    /// A piece that ended without a batch ending it.
     EndOfPiece,
     Failed(Error),
 }
@@ -320,6 +324,8 @@ pub struct Prefetcher {
     warm_rows: usize,
     /// Index of the piece being consumed.
     piece: usize,
+    /// The last batch received ended its piece.
+    piece_done: bool,
 }
 
 impl Prefetcher {
@@ -364,7 +370,18 @@ impl Prefetcher {
             received: 0,
             warm_rows: batch_rows.max(1),
             piece: 0,
+            piece_done: false,
         })
+    }
+
+    /// The piece being consumed is done: the next one comes from the next thread.
+    fn end_piece(&mut self) {
+        self.next = (self.next + 1) % self.channels.len();
+        self.piece += 1;
+        // Still warming up: let just the piece now waited for be fetched.
+        if !self.started_all {
+            self.gate.allow(self.piece + 1);
+        }
     }
 
     /// True if this prefetcher's threads live in this process (no fork since it started).
@@ -374,17 +391,17 @@ impl Prefetcher {
 
     /// The next decoded batch in piece order; `None` when every piece is done.
     pub fn next_batch(&mut self) -> Result<Option<(u64, RecordBatch)>> {
+        if std::mem::take(&mut self.piece_done) {
+            self.end_piece();
+        }
         let out = loop {
             match self.channels[self.next].recv() {
-                Ok(Msg::Batch(first, b)) => break Ok(Some((first, b))),
-                Ok(Msg::EndOfPiece) => {
-                    self.next = (self.next + 1) % self.channels.len();
-                    self.piece += 1;
-                    // Still warming up: let just the piece now waited for be fetched.
-                    if !self.started_all {
-                        self.gate.allow(self.piece + 1);
-                    }
+                Ok(Msg::Batch(first, b, last)) => {
+                    // The piece ends when the next batch is asked for, as at an end marker.
+                    self.piece_done = last;
+                    break Ok(Some((first, b)));
                 }
+                Ok(Msg::EndOfPiece) => self.end_piece(),
                 Ok(Msg::Failed(e)) => break Err(e),
                 // The thread owning the next piece has none left: all pieces are done.
                 Err(_) => break Ok(None),
@@ -428,12 +445,14 @@ fn decode_pieces(
                 return Ok(false);
             }
             let mut reader = SegmentReader::open(catalog.clone(), &p, batch_rows)?;
+            let mut ended = false;
             while let Some((first, b)) = reader.next_batch()? {
-                if stop.load(Ordering::Relaxed) || tx.send(Msg::Batch(first, b)).is_err() {
+                ended = reader.done();
+                if stop.load(Ordering::Relaxed) || tx.send(Msg::Batch(first, b, ended)).is_err() {
                     return Ok(false);
                 }
             }
-            if tx.send(Msg::EndOfPiece).is_err() {
+            if !ended && tx.send(Msg::EndOfPiece).is_err() {
                 return Ok(false);
             }
         }

@@ -68,6 +68,11 @@ impl SegmentReader {
         })
     }
 
+    /// All of the segment's rows were returned: the next `next_batch` is `None`.
+    pub fn done(&self) -> bool {
+        self.remaining == 0
+    }
+
     /// The next batch and the global row id of its first row; `None` once the segment is done.
     pub fn next_batch(&mut self) -> Result<Option<(u64, RecordBatch)>> {
         if self.remaining == 0 {
@@ -210,7 +215,12 @@ fn open_ipc_batch(
             let mut i = at;
             while i < end.min(batch.num_rows()) {
                 let n = step.min(end - i).min(batch.num_rows() - i);
-                out.push(batch.slice(i, n));
+                // (the whole batch, the usual case, without slicing every column)
+                out.push(if n == batch.num_rows() {
+                    batch.clone()
+                } else {
+                    batch.slice(i, n)
+                });
                 i += n;
             }
         }

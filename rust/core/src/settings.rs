@@ -102,6 +102,17 @@ impl Tuning {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         (cores / workers.max(1) as usize).clamp(1, DEFAULTS.max_local_readahead_threads)
     }
+
+    /// Readahead threads for a stream over `catalog`: [`Tuning::threads`], except that when
+    /// not set, a catalog whose batches decode in place ([`Catalog::decodes_in_place`]: local,
+    /// uncompressed Arrow IPC) is read in the caller. Such a decode is a few thousand
+    /// instructions; handing the batch over from a thread costs more (a wake-up per batch).
+    pub fn stream_threads(&self, catalog: &crate::catalog::Catalog, workers: u32) -> usize {
+        if self.readahead_threads.is_none() && catalog.decodes_in_place() {
+            return 0;
+        }
+        self.threads(catalog.is_remote(), workers)
+    }
 }
 
 /// User arguments before validation: integers as given (wide enough for anything Python's

@@ -1,5 +1,5 @@
 //! `shardstream._core`: thin bindings over `shardstream-core`, one file per exposed class
-//! (`catalog.rs`, `settings.rs`, `resume.rs`, `stream.rs`; for mixtures `mixture.rs`,
+//! (`catalog.rs`, `settings.rs`, `resume.rs`, `stream.rs`, `iter.rs`; for mixtures `mixture.rs`,
 //! `mix_resume.rs`, `mix_stream.rs`; the map-style `access.rs` and `sampler.rs`), conversions
 //! in `convert.rs` and errors in `error.rs`.
 //! Behaviour belongs in the core; every call that reads, decodes or validates releases the GIL.
@@ -9,6 +9,7 @@ mod access;
 mod catalog;
 mod convert;
 mod error;
+mod iter;
 mod mix_resume;
 mod mix_stream;
 mod mixture;
@@ -90,6 +91,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawSettings>()?;
     m.add_class::<RawResume>()?;
     m.add_class::<RawStream>()?;
+    m.add_class::<iter::RawIter>()?;
     m.add(
         "SAMPLER_FORMAT",
         shardstream_core::state::sampler::SAMPLER_FORMAT,

@@ -50,6 +50,15 @@ impl RawStream {
             r
         })
     }
+
+    /// The next item as a `pyarrow.RecordBatch`, or `None` at the end of the pass (also
+    /// called by `RawIter.__next__` directly, without a Python call).
+    pub fn next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.with(py, |s| s.next_item())? {
+            Some(b) => Ok(Some(self.out.to_pyarrow(py, b)?)),
+            None => Ok(None),
+        }
+    }
 }
 
 #[pymethods]
@@ -68,7 +77,7 @@ impl RawStream {
         let cat = catalog.inner.clone();
         let threads = settings
             .tuning
-            .threads(cat.is_remote(), workers.min(u32::MAX as u64) as u32);
+            .stream_threads(&cat, workers.min(u32::MAX as u64) as u32);
         let stream = detach(py, || {
             Stream::resume(
                 cat,
@@ -88,10 +97,7 @@ impl RawStream {
     /// The next item as a `pyarrow.RecordBatch` (a batch, or in row mode a chunk of rows), or
     /// `None` at the end of the pass.
     fn next_item<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        match self.with(py, |s| s.next_item())? {
-            Some(b) => Ok(Some(self.out.to_pyarrow(py, b)?)),
-            None => Ok(None),
-        }
+        self.next(py)
     }
 
     /// The state after the last returned item, or (row mode) after the first `within` rows of

@@ -94,6 +94,10 @@ pub struct IpcIndex {
     pub dicts: Vec<DictMsg>,
     /// For each batch, how many dictionary messages precede it (all of them in a file).
     pub dicts_before: Vec<u32>,
+    /// Some record batch or dictionary message has compressed buffers (or, from a sidecar
+    /// written before this was recorded, it is not known). Without any, a local shard's batch
+    /// decodes to arrays pointing into the mapped file: no work worth a readahead thread.
+    pub compressed: bool,
 }
 
 /// What reading an IPC shard's metadata gives: its index, row count per batch, schema and the
@@ -219,6 +223,18 @@ fn verified(fb: &[u8]) -> arrow_ipc::Message<'_> {
     unsafe { arrow_ipc::root_as_message_unchecked(fb) }
 }
 
+/// Whether a record batch or dictionary message declares compressed buffers.
+fn compressed(message: arrow_ipc::Message<'_>) -> bool {
+    let rb = match message.header_type() {
+        MessageHeader::RecordBatch => message.header_as_record_batch(),
+        MessageHeader::DictionaryBatch => {
+            message.header_as_dictionary_batch().and_then(|d| d.data())
+        }
+        _ => None,
+    };
+    rb.is_some_and(|rb| rb.compression().is_some())
+}
+
 /// Rows of the record batch whose metadata is `fb` (from [`message_at`]); an error if it is
 /// not a record batch.
 fn batch_rows(fb: &[u8], path: &Path, at: u64) -> Result<u64> {
@@ -267,12 +283,14 @@ pub(crate) fn read_stream(src: &impl ReadAt, path: &Path, size: u64) -> Result<I
         batches: Vec::new(),
         dicts: Vec::new(),
         dicts_before: Vec::new(),
+        compressed: false,
     };
     let mut rows = Vec::new();
     let mut at = first.range().end;
     while let Some((msg, fb)) = message_at(src, path, at, size)? {
         h.update(&fb);
         let message = verified(&fb);
+        index.compressed |= compressed(message);
         match message.header_type() {
             MessageHeader::RecordBatch => {
                 rows.push(batch_rows(&fb, path, at)?);
@@ -381,12 +399,14 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
     if src.read_at(0..6)? != FILE_MAGIC {
         return Err(bad("no ARROW1 magic at the start".into()));
     }
+    let mut any_compressed = false;
     let mut dicts = Vec::new();
     for msg in dict_blocks {
         let Some((found, mfb)) = message_at(src, path, msg.offset, footer_start)? else {
             return Err(bad(format!("no dictionary message at byte {}", msg.offset)));
         };
         let message = verified(&mfb);
+        any_compressed |= compressed(message);
         let d = message.header_as_dictionary_batch().ok_or_else(|| {
             bad(format!(
                 "dictionary block at byte {} holds a {:?}",
@@ -409,6 +429,7 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
         };
         check_block(found, msg, path)?;
         rows.push(batch_rows(&mfb, path, msg.offset)?);
+        any_compressed |= compressed(verified(&mfb));
         batches.push(msg);
     }
     let n = dicts.len() as u32;
@@ -419,6 +440,7 @@ pub(crate) fn read_file(src: &impl ReadAt, path: &Path, size: u64) -> Result<Ipc
             dicts_before: vec![n; batches.len()],
             batches,
             dicts,
+            compressed: any_compressed,
         },
         rows,
         schema,
@@ -890,6 +912,7 @@ mod tests {
                     let data = write(&bs, stream, options(comp, delta));
                     let meta = index(&data).unwrap();
                     assert_eq!(meta.index.stream, stream);
+                    assert_eq!(meta.index.compressed, comp.is_some());
                     assert_eq!(meta.rows, vec![3, 0, 7, 1, 4]);
                     let got = decode_all(&meta, &data, &[0, 1, 2, 3]);
                     assert_eq!(got, bs, "stream={stream} comp={comp:?} delta={delta}");
@@ -1079,6 +1102,7 @@ mod tests {
                 d(40, 0, true),
             ],
             dicts_before: vec![2, 3, 5],
+            compressed: false,
         };
         assert_eq!(index.dicts_for(0), vec![0, 1]);
         assert_eq!(index.dicts_for(1), vec![0, 1, 2]);

@@ -317,6 +317,16 @@ impl Catalog {
         !self.stores.is_empty()
     }
 
+    /// True when every shard is a local Arrow IPC shard without compressed buffers: decoding a
+    /// batch only builds arrays pointing into the mapped file.
+    pub fn decodes_in_place(&self) -> bool {
+        !self.is_remote()
+            && self
+                .shards
+                .iter()
+                .all(|s| s.object.is_none() && s.ipc().is_some_and(|i| !i.compressed))
+    }
+
     /// Counters of the object stores, summed (all zero for a local dataset).
     pub fn stats(&self) -> StatsSnapshot {
         let mut total = StatsSnapshot::default();

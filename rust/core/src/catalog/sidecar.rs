@@ -89,6 +89,14 @@ struct IpcEntry {
     /// Dictionary messages before each batch.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     dicts_before: Vec<u32>,
+    /// Some message has compressed buffers; absent (written before it was recorded): unknown,
+    /// taken as compressed.
+    #[serde(default = "unknown_compression")]
+    compressed: bool,
+}
+
+fn unknown_compression() -> bool {
+    true
 }
 
 impl IpcEntry {
@@ -119,6 +127,7 @@ impl IpcEntry {
             } else {
                 i.dicts_before.clone()
             },
+            compressed: i.compressed,
         }
     }
 
@@ -175,6 +184,7 @@ impl IpcEntry {
             batches,
             dicts,
             dicts_before,
+            compressed: self.compressed,
         })
     }
 }
@@ -829,6 +839,33 @@ mod tests {
         };
         assert!(err.contains("s003.parquet"), "{err}");
         assert!(Catalog::from_snapshot(b"{}", &Default::default()).is_err());
+    }
+
+    /// An IPC entry keeps whether the shard has compressed buffers; one written before that
+    /// was recorded reads as compressed (so its streams keep their readahead threads).
+    #[test]
+    fn ipc_entry_records_compression() {
+        for compressed in [false, true] {
+            let index = IpcIndex {
+                stream: false,
+                version: 4,
+                batches: vec![Msg {
+                    offset: 8,
+                    meta_len: 16,
+                    body_len: 8,
+                }],
+                dicts: vec![],
+                dicts_before: vec![0],
+                compressed,
+            };
+            let json = serde_json::to_value(IpcEntry::of(&index)).unwrap();
+            let back: IpcEntry = serde_json::from_value(json.clone()).unwrap();
+            assert_eq!(back.index(1, "x").unwrap(), index);
+            let mut old = json;
+            old.as_object_mut().unwrap().remove("compressed");
+            let back: IpcEntry = serde_json::from_value(old).unwrap();
+            assert!(back.index(1, "x").unwrap().compressed);
+        }
     }
 
     #[test]

@@ -161,7 +161,12 @@ impl Input {
         self.fill()?;
         let b = self.batch.as_ref().expect("filled");
         let n = max.min(b.num_rows() - self.offset);
-        let out = b.slice(self.offset, n);
+        // (the whole batch, the usual case, without slicing every column)
+        let out = if n == b.num_rows() {
+            b.clone()
+        } else {
+            b.slice(self.offset, n)
+        };
         self.offset += n;
         Ok(out)
     }

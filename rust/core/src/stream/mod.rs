@@ -504,29 +504,35 @@ impl Stream {
 
     fn next_plain(&mut self, max_rows: usize) -> Result<RecordBatch> {
         let want = (max_rows as u64).min(self.spec.output_len() - self.emitted) as usize;
-        let schema = self.catalog.schema().clone();
         let track = self.track_ids;
         let mut ids = std::mem::take(&mut self.ids);
         ids.clear();
         let data = self.data_side()?;
         let mut parts = Vec::new();
         let mut got = 0;
-        while got < want {
+        let single = loop {
             let part = data.input.take(want - got)?;
             got += part.num_rows();
             if track {
                 let first = data.input.first_row + (data.input.offset - part.num_rows()) as u64;
                 ids.extend(first..first + part.num_rows() as u64);
             }
+            if got == want && parts.is_empty() {
+                break Some(part); // one slice of one decoded batch: the usual case
+            }
             parts.push(part);
-        }
+            if got == want {
+                break None;
+            }
+        };
         self.ids = ids;
         self.cursor += got as u64;
         self.emitted += got as u64;
-        if parts.len() == 1 {
-            return Ok(parts.pop().expect("one part"));
+        match single {
+            Some(b) => Ok(b),
+            None => concat_batches(self.catalog.schema(), &parts)
+                .map_err(|e| Error::Internal(format!("concat: {e}"))),
         }
-        concat_batches(&schema, &parts).map_err(|e| Error::Internal(format!("concat: {e}")))
     }
 
     fn next_shuffled(&mut self, max_rows: usize) -> Result<RecordBatch> {
