@@ -513,7 +513,7 @@ mod tests {
 
     fn good() -> Value {
         json!({
-            "format": STREAM_FORMAT, "version": 2,
+            "format": STREAM_FORMAT, "version": 3,
             "fingerprint": {"shards": 1, "rows": 10, "paths": "a", "content": "b", "buckets": "AAAAAA=="},
             "settings": {"seed": 0, "shuffle_buffer": 0, "batch_size": null, "drop_last": false,
                          "epochs": 1, "even": "drop"},
@@ -534,9 +534,18 @@ mod tests {
         let st = StreamState::parse(good(), "state").unwrap();
         assert_eq!(st.to_value(), good());
         let mut v = good();
-        v["position"]["buffer"] = json!("AQAAAAAAAAA=");
+        v["position"]["buffer"] = json!("\u{1}\0\0\0\0\0\0\0\u{ff}\0\0\0\0\0\0\0");
         let st = StreamState::parse(v.clone(), "state").unwrap();
         assert_eq!(st.to_value(), v);
+        let slot = st.position.as_ref().unwrap().to_slot_state("p").unwrap();
+        assert_eq!(slot.buffer, vec![1, 255]);
+        // Version 2: the same ids as base64, upgraded to version 3 when parsed.
+        let mut old = v.clone();
+        old["version"] = json!(2);
+        old["position"]["buffer"] = json!("AQAAAAAAAAD/AAAAAAAAAA==");
+        assert_eq!(StreamState::parse(old.clone(), "state").unwrap(), st);
+        old["position"]["buffer"] = json!("AQAAAAAAAAD/AAAAAAAAAA");
+        assert!(err(old).contains("state['position']['buffer'] is not valid base64"));
         assert_eq!(
             st.into_value(),
             v,
