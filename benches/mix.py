@@ -13,6 +13,10 @@
     rows/s, and whether its resume is exact: rows lost / duplicated after
     ``state_dict()``/``load_state_dict()`` mid-stream, with and without a shuffle buffer.
 
+(e) ``--callgrind`` (instead of (a)-(d): minutes): instructions per row after the first batch
+    under valgrind's callgrind, K sources vs one stream, arrow ``mixed``, threads=0, with and
+    without ``shuffle_buffer=1000``: the overhead as a count the machine's load does not move.
+
 Every figure is the median (min–max) of ``--runs`` fresh processes (forked from a server that
 imported the libraries once; ``benchlib.run_forked``), run interleaved, with the 1-minute load
 beside it. ``python benches/mix.py [--rows N] [--runs R] [--quick] [--json out.json]``.
@@ -236,6 +240,104 @@ def mix_exact(dirs: list[str], spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------ callgrind
+
+
+def cg_child(spec: dict[str, Any]) -> None:
+    """``--cg-spec`` (under callgrind, instrumentation off): open the stream and take its first
+    batch, then the rest of the pass while the parent has the instrumentation on."""
+    make = mixture if spec["kind"] == "mix" else single
+    it = iter(make(spec["dirs"], spec))
+    first = _count(next(it))
+    print(f"first {first}", flush=True)
+    sys.stdin.readline()
+    rest = sum(_count(x) for x in it)
+    print(f"done {rest}", flush=True)
+    sys.stdin.readline()
+
+
+def callgrind_per_row(spec: dict[str, Any], keep: str | None = None) -> float:
+    """Instructions per row (all threads) after the first batch of one pass, in a fresh
+    interpreter under callgrind: instrumented from the first batch's return to the pass's
+    end (``callgrind_control``), so per row = those instructions / the rows after the first
+    batch (what "whole pass minus a run stopped after the first batch" measures, in one run).
+    ``keep``: also copy callgrind's output there (for ``callgrind_annotate --inclusive=yes``)."""
+    import json
+    import subprocess
+
+    def control(pid: int, on: str) -> None:
+        subprocess.run(["callgrind_control", "-i", on, str(pid)], check=True, capture_output=True)
+
+    with tempfile.TemporaryDirectory(prefix="mix-cg-") as tmp:
+        out = os.path.join(tmp, "cg.out")
+        cmd = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+            sys.executable, os.path.abspath(__file__), "--cg-spec", json.dumps(spec),
+        ]  # fmt: skip
+        p = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert p.stdin is not None and p.stdout is not None
+        rows = 0
+        try:
+            for step in ("first", "done"):
+                line = p.stdout.readline().split()
+                if not line or line[0] != step:
+                    raise RuntimeError(f"callgrind run: expected {step!r}, got {line!r}: {spec}")
+                rows = int(line[1])
+                control(p.pid, "on" if step == "first" else "off")
+                p.stdin.write("\n")
+                p.stdin.flush()
+            _, err = p.communicate(timeout=1800)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if p.returncode != 0:
+            raise RuntimeError(f"callgrind run failed: {spec}\n{err[-4000:]}")
+        if keep:
+            import shutil
+
+            os.makedirs(keep, exist_ok=True)
+            name = f"{spec['kind']}-k{len(spec['dirs'])}-shuffle{spec['shuffle']}.cg.out"
+            shutil.copy(out, os.path.join(keep, name))
+        with open(out) as f:
+            for line in f:
+                if line.startswith("totals:"):
+                    return int(line.split()[1]) / rows
+    raise RuntimeError("no totals in the callgrind output")
+
+
+def section_callgrind(root: str, args: Any, ks: list[int]) -> list[dict[str, Any]]:
+    """(e) Instructions per row after the first batch: K sources vs one stream, arrow
+    ``mixed`` output, ``readahead_threads=0``, with and without a shuffle buffer per source
+    (the same for the one stream). Independent of the machine's load."""
+    table, out = [], []
+    for k in ks:
+        dirs = make_data(root, args.rows, k)
+        for shuffle in (int(x) for x in args.cg_shuffle.split(",")):
+            base = dict(dirs=dirs, batch=args.batch, output="arrow", shuffle=shuffle, threads=0)
+            one = callgrind_per_row(dict(base, kind="single"), args.cg_out)
+            mixed = callgrind_per_row(dict(base, kind="mix", combine="mixed"), args.cg_out)
+            print(f"  callgrind K={k} shuffle {shuffle}: {one:,.0f} / {mixed:,.0f}", flush=True)
+            table.append(
+                [
+                    f"K={k} arrow mixed threads=0" + (f" shuffle {shuffle}" if shuffle else ""),
+                    f"{mixed:,.0f}",
+                    f"{one:,.0f}",
+                    f"{mixed / one:.3f}",
+                ]
+            )
+            out.append({"k": k, "shuffle": shuffle, "single": one, "mix": mixed})
+    benchlib.print_table(
+        table,
+        ("workload", "Mixture instructions/row", "one ParquetStream instructions/row", "ratio"),
+        f"(e) callgrind: instructions per row after the first batch, all threads (load "
+        f"{benchlib.load1():.1f}: counts do not depend on it)",
+    )
+    return out
+
+
 # ------------------------------------------------------------------ parent
 
 
@@ -257,7 +359,18 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="40k rows, 1 run, K=3 only")
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--callgrind", action="store_true", help="only (e): instructions per row under callgrind"
+    )
+    p.add_argument("--cg-out", default=None, help="with --callgrind: keep callgrind's outputs here")
+    p.add_argument("--cg-shuffle", default="0,1000", help="with --callgrind: shuffle buffers")
+    p.add_argument("--cg-spec", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.cg_spec:
+        import json
+
+        cg_child(json.loads(args.cg_spec))
+        return 0
     if args.quick:
         args.rows, args.runs = 40_000, 1
     root = args.data or tempfile.mkdtemp(prefix="shardstream-mix-bench-")
@@ -271,6 +384,11 @@ def main() -> int:
         f"# mixture benchmarks: {args.rows:,} rows, batch {args.batch}, {args.runs} run(s) each, "
         f"1-min load at start {results['load_start']:.1f} (cpus {os.cpu_count()})"
     )
+
+    if args.callgrind:
+        results["callgrind"] = section_callgrind(root, args, ks)
+        benchlib.write_json(results, args.json)
+        return 0
 
     # (a) overhead: per row (after the first item) and fixed (open + first item), CPU and wall
     table = []

@@ -22,7 +22,18 @@ pub(crate) fn write_shards_with(
     rg: usize,
     page_index: bool,
 ) -> Vec<String> {
-    let mut id = 0i64;
+    write_shards_from(dir, rows, rg, page_index, 0)
+}
+
+/// [`write_shards_with`], ids (and the values derived from them) starting at `first_id`.
+pub(crate) fn write_shards_from(
+    dir: &std::path::Path,
+    rows: &[usize],
+    rg: usize,
+    page_index: bool,
+    first_id: i64,
+) -> Vec<String> {
+    let mut id = first_id;
     let mut out = Vec::new();
     for (i, &n) in rows.iter().enumerate() {
         let path = dir.join(format!("s{i:03}.parquet"));

@@ -94,65 +94,123 @@ pub struct MixerPos {
     pub taken: Vec<u64>,
 }
 
-/// A relative deadline beyond this is not ordered by [`Run`]'s keys.
+/// A relative deadline beyond this is not ordered by [`Lanes`]' keys.
 const FAR: i64 = 1 << 46;
 /// Not released within the piece.
 const NEVER: i64 = i64::MAX;
+/// Mixtures of more sources choose item by item (`choose`); up to this many, a batch's choices
+/// run in [`Lanes`] of a fixed width (4, 8, ... this).
+const MAX_LANES: usize = 256;
 
-/// The key a [`Run`] orders released sources by: its deadline, then its index.
+/// [`Lanes::run`] writes its items into this many slots of the output at a time.
+const CHUNK: i64 = 4096;
+
+/// The key [`Lanes`] orders released sources by: its deadline, then its index.
 fn key(deadline: i64, s: usize) -> i64 {
     deadline.clamp(-FAR, FAR) << 16 | s as i64
 }
 
-/// [`Mixer::run_piece`]'s view of each source within a piece, in items from the piece's first
-/// item of the run.
-#[derive(Default)]
-struct Run {
-    /// The first item it is released at (`NEVER`: not in this piece).
-    rel: Vec<i64>,
-    /// `key(deadline, source)`.
-    key: Vec<i64>,
+/// What a take reads and writes of one source in [`Lanes`], in one place (one bounds check).
+#[derive(Clone, Copy, Default)]
+struct Line {
     /// Weight > 0: the deficit's line. `c` is the last item before the deficit reaches a whole
     /// item, by `rem` more: the deficit before item `x` is `UNIT + rem - w * (c + 1 - x)`.
-    c: Vec<i64>,
-    rem: Vec<i64>,
+    c: i64,
+    rem: i64,
     /// `UNIT = q * w + r`: a taken item moves the line by `q` items and `r` of remainder.
-    q: Vec<i64>,
-    r: Vec<i64>,
-    w: Vec<i64>,
+    q: i64,
+    r: i64,
+    w: i64,
     /// Weight 0: the deficit, which only a take changes.
-    d0: Vec<i64>,
-    /// Taken in this run.
-    moved: Vec<bool>,
+    d0: i64,
+    /// Items taken in this run.
+    taken: u64,
 }
 
-impl Run {
-    fn reset(&mut self, k: usize) {
-        for v in [
-            &mut self.rel,
-            &mut self.key,
-            &mut self.c,
-            &mut self.rem,
-            &mut self.q,
-            &mut self.r,
-            &mut self.w,
-            &mut self.d0,
-        ] {
-            v.clear();
-            v.resize(k, 0);
+impl Line {
+    /// The deficit before item `x`.
+    fn deficit(&self, x: i64) -> i64 {
+        if self.w == 0 {
+            return self.d0;
         }
-        self.moved.clear();
-        self.moved.resize(k, false);
+        (UNIT as i128 + self.rem as i128 - self.w as i128 * (self.c as i128 + 1 - x as i128)) as i64
     }
+}
 
-    /// Source `s`'s deficit before item `x`.
-    fn deficit(&self, s: usize, x: i64) -> i64 {
-        let w = self.w[s];
-        if w == 0 {
-            return self.d0[s];
-        }
-        (UNIT as i128 + self.rem[s] as i128 - w as i128 * (self.c[s] as i128 + 1 - x as i128))
-            as i64
+/// [`Mixer::run_piece`]'s view of each source within a piece, in items from the run's first
+/// item, over `N` lanes (a power of two; the lanes past the mixture's sources are never
+/// released): the scan for the earliest released deadline is over fixed-size arrays, unrolled
+/// and without bounds checks, and a take touches one [`Line`].
+struct Lanes<const N: usize> {
+    /// The first item it is released at (`NEVER`: not in this piece).
+    rel: [i64; N],
+    /// `key(deadline, source)`.
+    key: [i64; N],
+    line: [Line; N],
+}
+
+/// Why [`Lanes::run`] returned.
+enum Stop {
+    /// It made the run's last item.
+    Done,
+    /// The earliest released deadline is not one it can order (passed, or too far).
+    Unordered,
+    /// The source it just took has its next deadline past the piece: the caller computes it.
+    Beyond(usize),
+}
+
+impl<const N: usize> Lanes<N> {
+    /// Items from `*tau` until `len` (or a stop): each the released source with the earliest
+    /// deadline, written to `out[item]`.
+    #[inline(never)]
+    fn run(&mut self, tau: &mut i64, len: i64, end_rel: i64, out: &mut [u16]) -> Stop {
+        const { assert!(N.is_power_of_two() && N <= 1 << 16) };
+        let mut t = *tau;
+        let stop = loop {
+            if t == len {
+                break Stop::Done;
+            }
+            // The earliest deadline of all is usually released: one plain min over the keys,
+            // and a second one over the released ones only when it is not.
+            let mut best = self.key.iter().fold(i64::MAX, |b, k| b.min(*k));
+            if self.rel[(best & 0xffff) as usize & (N - 1)] > t {
+                best = i64::MAX;
+                for (rel, key) in self.rel.iter().zip(&self.key) {
+                    best = best.min(if *rel <= t { *key } else { i64::MAX });
+                }
+            }
+            let dl = best >> 16;
+            // (no released source: best = MAX, so dl >= FAR)
+            if dl < t || dl >= FAR {
+                break Stop::Unordered;
+            }
+            let s = (best & 0xffff) as usize & (N - 1);
+            out[t as usize] = s as u16;
+            t += 1;
+            let ln = &mut self.line[s];
+            ln.taken += 1;
+            if ln.w == 0 {
+                ln.d0 -= UNIT as i64;
+                self.rel[s] = NEVER;
+                continue;
+            }
+            // released again once the line passes the next whole item: at this deadline (or the
+            // item after, when it lands on it exactly)
+            self.rel[s] = ln.c + i64::from(ln.rem == 0);
+            let rem = ln.rem - ln.r;
+            let carry = i64::from(rem < 0);
+            ln.rem = rem + carry * ln.w;
+            ln.c += ln.q + carry;
+            if ln.c >= end_rel {
+                break Stop::Beyond(s);
+            }
+            // c < 2**35 here (a deficit stays above -2 items, w >= 1, the run < 2**30 items):
+            // no clamp needed
+            debug_assert!(ln.c < FAR);
+            self.key[s] = ln.c << 16 | s as i64;
+        };
+        *tau = t;
+        stop
     }
 }
 
@@ -400,10 +458,9 @@ impl Mixer {
         // Per item only the choice; the counters are settled once after the run.
         let before = out.len();
         let counts0 = counts.to_vec();
-        let mut run = Run::default();
         while ((out.len() - before) as u64) < n {
             let left = n - (out.len() - before) as u64;
-            if self.run_piece(&mut run, left, counts, out) {
+            if self.run_piece(left, counts, out) {
                 continue;
             }
             // The run stopped at an item it cannot order cheaply (a passed or far deadline):
@@ -428,17 +485,35 @@ impl Mixer {
     }
 
     /// Up to `n` deterministic choices within the current piece, in one loop: each source's
-    /// deficit is kept as a line (`Run`), so an item costs a scan for the earliest released
+    /// deficit is kept as a line ([`Line`]), so an item costs a scan for the earliest released
     /// deadline and an O(1) update of the taken source (no division). Stops early, with the
     /// state settled at that item, where the scan cannot order exactly (a deadline already
     /// passed, or one beyond its key's range); returns whether it ran to the end (`n` items or
     /// the piece's end). The same choices as `choose` + `commit` (proptests below).
-    fn run_piece(&mut self, run: &mut Run, n: u64, counts: &mut [u64], out: &mut Vec<u16>) -> bool {
+    fn run_piece(&mut self, n: u64, counts: &mut [u64], out: &mut Vec<u16>) -> bool {
         self.ensure_piece();
-        let k = self.d.len();
-        if !self.live || k > 1 << 15 {
+        if !self.live {
             return false;
         }
+        match self.d.len() {
+            0..=4 => self.run_lanes::<4>(n, counts, out),
+            5..=8 => self.run_lanes::<8>(n, counts, out),
+            9..=16 => self.run_lanes::<16>(n, counts, out),
+            17..=32 => self.run_lanes::<32>(n, counts, out),
+            33..=64 => self.run_lanes::<64>(n, counts, out),
+            65..=128 => self.run_lanes::<128>(n, counts, out),
+            129..=MAX_LANES => self.run_lanes::<MAX_LANES>(n, counts, out),
+            _ => false,
+        }
+    }
+
+    fn run_lanes<const N: usize>(
+        &mut self,
+        n: u64,
+        counts: &mut [u64],
+        out: &mut Vec<u16>,
+    ) -> bool {
+        let k = self.d.len();
         let t0 = self.inner;
         let end_rel = match self.piece.end {
             Some(e) => (e - t0).min(i64::MAX as u64) as i64,
@@ -447,78 +522,63 @@ impl Mixer {
         let len = n.min(end_rel as u64).min(1 << 30) as i64;
         let rel_abs =
             |dl: u64| -> i64 { (dl as i128 - t0 as i128).clamp(-FAR as i128, FAR as i128) as i64 };
-        run.reset(k);
+        let mut lanes = Lanes::<N> {
+            rel: [NEVER; N],
+            key: [i64::MAX; N],
+            line: [Line::default(); N],
+        };
         for s in 0..k {
             let w = self.piece.w[s] as i64;
             let d = self.d[s];
-            run.w[s] = w;
+            let ln = &mut lanes.line[s];
+            ln.w = w;
             if w == 0 {
-                run.d0[s] = d;
-                run.rel[s] = if d > 0 { 0 } else { NEVER };
-                run.key[s] = key(rel_abs(self.deadline[s]), s);
+                ln.d0 = d;
+                lanes.rel[s] = if d > 0 { 0 } else { NEVER };
+                lanes.key[s] = key(rel_abs(self.deadline[s]), s);
                 continue;
             }
             // need = w * steps - rem, 0 <= rem < w (need may be <= 0: the deadline passed)
             let need = UNIT as i64 - d;
             let steps = need.div_euclid(w) + i64::from(need.rem_euclid(w) != 0);
-            run.c[s] = steps - 1;
-            run.rem[s] = w * steps - need;
-            run.q[s] = (UNIT / w as u64) as i64;
-            run.r[s] = (UNIT % w as u64) as i64;
-            run.rel[s] = if d + w > 0 { 0 } else { (-d) / w };
-            run.key[s] = if run.c[s] < end_rel {
-                key(run.c[s], s)
+            ln.c = steps - 1;
+            ln.rem = w * steps - need;
+            ln.q = (UNIT / w as u64) as i64;
+            ln.r = (UNIT % w as u64) as i64;
+            lanes.rel[s] = if d + w > 0 { 0 } else { (-d) / w };
+            lanes.key[s] = if ln.c < end_rel {
+                key(ln.c, s)
             } else {
                 key(rel_abs(self.deadline[s]), s)
             };
         }
+        let before = out.len();
         let mut tau = 0i64;
         let ok = loop {
-            if tau == len {
-                break true;
+            // `out` grows by chunks, not by `len` at once: a run may stop after one item.
+            let until = len.min(tau + CHUNK);
+            out.resize(before + until as usize, 0);
+            match lanes.run(&mut tau, until, end_rel, &mut out[before..]) {
+                Stop::Done if until == len => break true,
+                Stop::Done => {}
+                Stop::Unordered => break false,
+                Stop::Beyond(s) => {
+                    let ln = &lanes.line[s];
+                    let dl = self.deadline_of(s, t0 + tau as u64, ln.deficit(tau));
+                    lanes.key[s] = key(rel_abs(dl), s);
+                }
             }
-            let mut best = i64::MAX;
-            for (rel, key) in run.rel[..k].iter().zip(&run.key[..k]) {
-                best = best.min(if *rel <= tau { *key } else { i64::MAX });
-            }
-            let dl = best >> 16;
-            if best == i64::MAX || dl < tau || dl >= FAR {
-                break false;
-            }
-            let s = (best & 0xffff) as usize;
-            run.moved[s] = true;
-            let w = run.w[s];
-            if w == 0 {
-                run.d0[s] -= UNIT as i64;
-                run.rel[s] = NEVER;
-            } else {
-                // released again once the line passes the next whole item: at this deadline
-                // (or the item after, when it lands on it exactly)
-                run.rel[s] = run.c[s] + i64::from(run.rem[s] == 0);
-                let rem = run.rem[s] - run.r[s];
-                let carry = i64::from(rem < 0);
-                run.rem[s] = rem + carry * w;
-                run.c[s] += run.q[s] + carry;
-                run.key[s] = if run.c[s] < end_rel {
-                    key(run.c[s], s)
-                } else {
-                    let t = t0 + tau as u64 + 1;
-                    let d = run.deficit(s, tau + 1);
-                    key(rel_abs(self.deadline_of(s, t, d)), s)
-                };
-            }
-            counts[s] += 1;
-            out.push(s as u16);
-            tau += 1;
         };
-        // Settle the deficits and the deadlines of the sources taken at item `tau`.
-        for s in 0..k {
-            self.d[s] = run.deficit(s, tau);
+        out.truncate(before + tau as usize);
+        // Settle the counts, the deficits and the deadlines of the sources taken at item `tau`.
+        for ((c, d), ln) in counts.iter_mut().zip(&mut self.d).zip(&lanes.line) {
+            *c += ln.taken;
+            *d = ln.deficit(tau);
         }
         self.inner = t0 + tau as u64;
         self.ensure_piece();
         for s in 0..k {
-            if run.moved[s] {
+            if lanes.line[s].taken > 0 {
                 self.deadline[s] = self.deadline_of(s, self.inner, self.d[s]);
             }
         }

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::settings::{Layout, DEFAULTS};
 use crate::state::envelope::{SlotRecord, StreamState};
 use crate::state::mixture::{BlockRecord, MixerRecord, MixtureState};
-use crate::stream::Stream;
+use crate::stream::{Rows, Stream};
 
 mod packed;
 mod per_source;
@@ -217,11 +217,14 @@ impl MixStream {
         }
         self.choices = choices;
         self.chunk_start = start;
-        let mut pieces: Vec<Vec<RecordBatch>> = Vec::with_capacity(k);
+        // A mixed batch copies every row once, from where each source has it: a shuffled
+        // source's rows are located in its buffer's batches, not gathered into a batch first.
+        let mixed = !self.row_mode && self.cfg.combine == Combine::Mixed;
+        let mut pieces: Vec<Vec<Rows>> = Vec::with_capacity(k);
         for (s, c) in counts.iter().enumerate() {
             self.pulled[s] = *c > 0;
             pieces.push(if *c > 0 {
-                self.pull(s, *c)?
+                self.pull(s, *c, mixed)?
             } else {
                 Vec::new()
             });
@@ -232,11 +235,16 @@ impl MixStream {
                 return Ok(None);
             }
         }
-        if !self.row_mode && self.cfg.combine == Combine::Mixed {
+        if mixed {
             return Ok(Some(MixItem::Mixed(self.mixed(pieces)?)));
         }
         let mut parts = Vec::with_capacity(k);
         for (s, p) in pieces.into_iter().enumerate() {
+            let schema = self.cfg.sources[s].catalog.schema();
+            let p: Vec<RecordBatch> = p
+                .into_iter()
+                .map(|r| r.into_batch(schema))
+                .collect::<Result<_>>()?;
             parts.push(match p.len() {
                 0 => None,
                 1 => p.into_iter().next(),
@@ -253,15 +261,15 @@ impl MixStream {
     }
 
     /// Exactly `n` rows of source `s` (the mixer counted them as there), in the batches its
-    /// stream gave them.
-    fn pull(&mut self, s: usize, n: u64) -> Result<Vec<RecordBatch>> {
+    /// stream gave them (`locate`: a shuffled source's as located rows, `Stream::next_rows`).
+    fn pull(&mut self, s: usize, n: u64, locate: bool) -> Result<Vec<Rows>> {
         let stream = &mut self.streams[s];
         let mut got = 0u64;
         let mut batches = Vec::with_capacity(1);
         while got < n {
             let want = usize::try_from(n - got).unwrap_or(usize::MAX);
             match stream
-                .next_batch(want)
+                .next_rows(want, locate)
                 .map_err(|e| in_source(&self.cfg.sources[s].name, e))?
             {
                 Some(b) => {
@@ -280,33 +288,46 @@ impl MixStream {
     }
 
     /// One batch in mixing order: each source's rows projected to the shared columns and
-    /// interleaved straight from the batches each source gave (no concatenation first), then
-    /// the tag column. (A gather by runs of rows was tried: most runs are one row, and it cost
-    /// more per row than arrow's `interleave`, which copies each row's values with `memcpy`.)
-    fn mixed(&self, pieces: Vec<Vec<RecordBatch>>) -> Result<RecordBatch> {
+    /// interleaved in one pass straight from where each source has them (the batches a plain
+    /// source gave, the batches a shuffled source's buffer holds: no copy before this one),
+    /// then the tag column. (A gather by runs of rows was tried: most runs are one row, and it
+    /// cost more per row than arrow's `interleave`, which copies each row's values with
+    /// `memcpy`.)
+    fn mixed(&self, pieces: Vec<Vec<Rows>>) -> Result<RecordBatch> {
         let internal = |e: arrow_schema::ArrowError| Error::Internal(format!("mixed batch: {e}"));
-        // Each source's rows are its batches' rows in order: `at[s]` is (input, row) of its next.
+        // Every source's rows in its order, as (input, row): source `s`'s are `locs[next[s]..]`.
+        let n = self.choices.len();
         let mut inputs = Vec::new();
-        let mut at = vec![(0usize, 0usize); pieces.len()];
+        let mut locs: Vec<(usize, usize)> = Vec::with_capacity(n);
+        let mut next = vec![0usize; pieces.len()];
+        let mut in_order = true; // every input's rows are all used, in order
         for (s, p) in pieces.into_iter().enumerate() {
-            at[s] = (inputs.len(), 0);
-            for b in p {
-                inputs.push(b.project(&self.cfg.common[s]).map_err(internal)?);
+            next[s] = locs.len();
+            for rows in p {
+                let base = inputs.len();
+                match rows {
+                    Rows::Batch(b) => {
+                        locs.extend((0..b.num_rows()).map(|r| (base, r)));
+                        inputs.push(b.project(&self.cfg.common[s]).map_err(internal)?);
+                    }
+                    Rows::Located(l) => {
+                        in_order = false;
+                        locs.extend(l.rows.iter().map(|&(b, r)| (base + b, r)));
+                        for b in l.batches {
+                            inputs.push(b.project(&self.cfg.common[s]).map_err(internal)?);
+                        }
+                    }
+                }
             }
         }
-        let n = self.choices.len();
-        let mut columns: Vec<ArrayRef> = if inputs.len() == 1 {
+        let mut columns: Vec<ArrayRef> = if inputs.len() == 1 && in_order {
             inputs[0].columns().to_vec()
         } else {
-            let rows: Vec<usize> = inputs.iter().map(RecordBatch::num_rows).collect();
             let mut indices = Vec::with_capacity(n);
             for &s in &self.choices {
-                let (b, r) = &mut at[s as usize];
-                indices.push((*b, *r));
-                *r += 1;
-                if *r == rows[*b] {
-                    (*b, *r) = (*b + 1, 0);
-                }
+                let at = &mut next[s as usize];
+                indices.push(locs[*at]);
+                *at += 1;
             }
             let refs: Vec<&RecordBatch> = inputs.iter().collect();
             interleave_record_batch(&refs, &indices)

@@ -649,3 +649,107 @@ fn mismatched_and_hostile_states_are_refused() {
         Err(Error::State(m)) if m.contains("has left the mix")
     ));
 }
+
+/// A mixed batch copies each row once, from where its source holds it (a shuffled source's
+/// rows are located in its buffer's retained batches, which compaction replaces and epoch ends
+/// drop): every row of every mixed batch, all columns, is the next row of the source its tag
+/// names in that source's own stream, and the tags are the choices of the same mixture run
+/// with `combine="by_source"`. Ids differ between sources, so a row taken from another
+/// source's batch shows; the shuffled source `c` is left alone at the end, and with batches of
+/// one row each item is one located row.
+#[test]
+fn shuffled_mixed_batches_take_each_row_from_its_source() {
+    use arrow_array::RecordBatch;
+    use arrow_select::concat::concat_batches;
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = [vec![61, 44], vec![50], vec![90, 37]];
+    let catalogs = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let d = dir.path().join(format!("src{i}"));
+            std::fs::create_dir(&d).unwrap();
+            let first = 10_000 * i as i64;
+            let files = crate::test_util::write_shards_from(&d, r, 5, true, first);
+            Arc::new(Catalog::open(&files, None).unwrap())
+        })
+        .collect();
+    let f = Fixture {
+        _dir: dir,
+        catalogs,
+    };
+    for batch in [16, 1] {
+        let mut s = spec(3);
+        s.weights = vec![3.0, 2.0, 1.0];
+        s.shuffle = vec![16, 0, 9];
+        s.policies = vec![(OnExhausted::Cycle, Some(2)); 3];
+        s.batch = Some(batch);
+        let l = layout(0, 1, s.even);
+        let cfg = config(&f, &s, None);
+        let mut by = s.clone();
+        by.combine = Combine::BySource;
+        let by_cfg = config(&f, &by, None);
+        let mut by_stream = open(&by_cfg, l, &MixResume::start(&by_cfg));
+        let choices: Vec<String> = drain(&by_cfg, &mut by_stream)
+            .concat()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        // Each source's own stream: every row, all columns.
+        let own: Vec<RecordBatch> = (0..3)
+            .map(|i| {
+                let src = &cfg.sources[i];
+                let st = Settings {
+                    epochs: Some(2),
+                    ..src.settings.clone()
+                };
+                let r = Resume::start(0);
+                let mut s =
+                    Stream::resume(src.catalog.clone(), &st, &src.tuning, l, 0, &r).unwrap();
+                let mut parts = Vec::new();
+                while let Some(b) = s.next_batch(7).unwrap() {
+                    parts.push(b);
+                }
+                concat_batches(src.catalog.schema(), &parts).unwrap()
+            })
+            .collect();
+        let mut a = open(&cfg, l, &MixResume::start(&cfg));
+        let mut next = [0usize; 3];
+        let mut tags = Vec::new();
+        let mut alone = false;
+        while let Some(item) = a.next_item().unwrap() {
+            let MixItem::Mixed(b) = item else {
+                panic!("combine=\"mixed\" gave parts")
+            };
+            let tag = b
+                .column_by_name("source")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int16Array>()
+                .unwrap();
+            alone |= b.num_rows() == batch as usize && (0..b.num_rows()).all(|r| tag.value(r) == 2);
+            for r in 0..b.num_rows() {
+                let t = tag.value(r) as usize;
+                tags.push(name(t));
+                let want = own[t].slice(next[t], 1);
+                next[t] += 1;
+                for c in ["id", "tokens", "text"] {
+                    assert_eq!(
+                        b.column_by_name(c).unwrap().slice(r, 1).to_data(),
+                        want.column_by_name(c).unwrap().to_data(),
+                        "batch {batch}, item row {r}, column {c}, source {t}"
+                    );
+                }
+            }
+        }
+        assert_eq!(tags, choices, "batch {batch}");
+        assert_eq!(
+            next.to_vec(),
+            own.iter().map(RecordBatch::num_rows).collect::<Vec<_>>()
+        );
+        assert!(
+            alone,
+            "batch {batch}: the shuffled source c is never alone in a batch"
+        );
+    }
+}

@@ -3,11 +3,12 @@
 //! Output rows come from two places: straight from the input (no shuffle; output batches are
 //! zero-copy slices of decoded batches, concatenated only where a batch spans a read boundary)
 //! or from the shuffle buffer, whose entries point into retained decoded batches; an output batch
-//! is gathered from them in one pass (`interleave_record_batch`). A decoded batch is dropped when
-//! its last buffered row leaves; when the retained batches hold more than 1.5x the rows the
-//! buffer needs, the buffered rows of the sparsest batches are copied into one batch and those
-//! are dropped (`compact`), so they hold at most `1.5 * shuffle_buffer + read_batch_rows` rows
-//! beside the input batch.
+//! is gathered from them in one pass (`interleave_record_batch`), or handed over as row locations
+//! in those batches (`next_rows` with `locate`: a mixture gathers every source's rows into its
+//! mixed batch in one pass). A decoded batch is dropped when its last buffered row leaves; when
+//! the retained batches hold more than 1.5x the rows the buffer needs, the buffered rows of the
+//! sparsest batches are copied into one batch and those are dropped (`compact`), so they hold at
+//! most `1.5 * shuffle_buffer + read_batch_rows` rows beside the input batch.
 //!
 //! The state is always the position after the last *emitted* row; after a restore the buffer's
 //! rows are re-read by id: the next batch reads the rows it picks, the rest are read in the
@@ -34,7 +35,33 @@ pub use crate::settings::StreamOptions;
 use crate::shuffle::Buffer;
 use crate::state::{check_state, Seek, SlotState};
 use input::{CoordRows, DataRows, Input};
+pub use slab::Located;
 use slab::{read_entries, DataSide, Loc, Refill, Slab};
+
+/// What [`Stream::next_rows`] returns: a batch, or (a shuffled stream asked to `locate`) where
+/// its rows are, to be copied by the caller together with other rows.
+#[derive(Debug, Clone)]
+pub enum Rows {
+    Batch(RecordBatch),
+    Located(Located),
+}
+
+impl Rows {
+    pub fn num_rows(&self) -> usize {
+        match self {
+            Rows::Batch(b) => b.num_rows(),
+            Rows::Located(l) => l.num_rows(),
+        }
+    }
+
+    /// The rows as one batch (`schema`: the stream's, for an empty one).
+    pub fn into_batch(self, schema: &arrow_schema::SchemaRef) -> Result<RecordBatch> {
+        match self {
+            Rows::Batch(b) => Ok(b),
+            Rows::Located(l) => l.materialize(schema),
+        }
+    }
+}
 
 /// The stream of one slot.
 pub struct Stream {
@@ -443,6 +470,17 @@ impl Stream {
     /// The next batch of up to `max_rows` rows (fewer only at the end of an epoch; batches never
     /// span epochs), or `None` at the end of the pass.
     pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>> {
+        match self.next_rows(max_rows, false)? {
+            Some(r) => Ok(Some(r.into_batch(self.catalog.schema())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The rows [`Stream::next_batch`] would return; with `locate`, a shuffled stream returns
+    /// where they are in its retained batches instead of copying them ([`Rows::Located`]), so
+    /// that a mixture copies each row once, into its mixed batch. The stream's position moves
+    /// on exactly as with `next_batch`.
+    pub fn next_rows(&mut self, max_rows: usize, locate: bool) -> Result<Option<Rows>> {
         let max_rows = max_rows.max(1);
         loop {
             let end = self.end_epoch();
@@ -463,9 +501,9 @@ impl Stream {
             self.batch_start = Some(self.state());
         }
         let out = if self.opts.shuffle_buffer == 0 {
-            self.next_plain(max_rows)?
+            Rows::Batch(self.next_plain(max_rows)?)
         } else {
-            self.next_shuffled(max_rows)?
+            self.next_shuffled(max_rows, locate)?
         };
         Ok(Some(out))
     }
@@ -535,7 +573,7 @@ impl Stream {
         }
     }
 
-    fn next_shuffled(&mut self, max_rows: usize) -> Result<RecordBatch> {
+    fn next_shuffled(&mut self, max_rows: usize, locate: bool) -> Result<Rows> {
         let len = self.spec.input_len();
         self.data_side()?;
         let data = self.data.as_mut().expect("just set");
@@ -621,7 +659,12 @@ impl Stream {
             )?;
             data.missing = false;
         }
-        let out = data.slab.gather(self.catalog.schema(), &picks)?;
+        // Located or gathered before the picks are released (a batch may leave the slab then).
+        let out = if locate {
+            Rows::Located(data.slab.locate(&picks))
+        } else {
+            Rows::Batch(data.slab.gather(self.catalog.schema(), &picks)?)
+        };
         for l in &picks {
             data.slab.release(l.batch);
         }

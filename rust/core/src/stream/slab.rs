@@ -84,6 +84,27 @@ impl Slab {
         out
     }
 
+    /// The retained batches `locs` point into (shared: `RecordBatch` clones are `Arc` clones)
+    /// and each loc as (index among them, row): what [`Slab::gather`] would copy, for a caller
+    /// that copies these rows together with others (a mixture's mixed batch). Taken before the
+    /// locs are released, since a batch may leave the slab then.
+    pub(super) fn locate(&self, locs: &[Loc]) -> Located {
+        let mut index_of = vec![usize::MAX; self.batches.len()];
+        let mut batches = Vec::new();
+        let rows = locs
+            .iter()
+            .map(|l| {
+                let slot = &mut index_of[l.batch as usize];
+                if *slot == usize::MAX {
+                    *slot = batches.len();
+                    batches.push(self.batches[l.batch as usize].clone().expect("live batch"));
+                }
+                (*slot, l.row as usize)
+            })
+            .collect();
+        Located { batches, rows }
+    }
+
     /// Gather rows into one batch.
     pub(super) fn gather(
         &self,
@@ -107,6 +128,29 @@ impl Slab {
             .map(|l| (index_of[l.batch as usize], l.row as usize))
             .collect();
         interleave_record_batch(&refs, &idx).map_err(|e| Error::Internal(format!("gather: {e}")))
+    }
+}
+
+/// A batch's rows not yet copied into one: row `i` is row `rows[i].1` of `batches[rows[i].0]`.
+#[derive(Debug, Clone)]
+pub struct Located {
+    pub batches: Vec<RecordBatch>,
+    pub rows: Vec<(usize, usize)>,
+}
+
+impl Located {
+    pub fn num_rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The rows as one batch (what [`Slab::gather`] gives for the same locs).
+    pub fn materialize(&self, schema: &arrow_schema::SchemaRef) -> Result<RecordBatch> {
+        if self.batches.is_empty() {
+            return Ok(RecordBatch::new_empty(schema.clone()));
+        }
+        let refs: Vec<&RecordBatch> = self.batches.iter().collect();
+        interleave_record_batch(&refs, &self.rows)
+            .map_err(|e| Error::Internal(format!("gather: {e}")))
     }
 }
 
