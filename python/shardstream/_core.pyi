@@ -3,6 +3,7 @@
 from typing import Any, final
 
 import pyarrow as pa
+from typing_extensions import disjoint_base
 
 __all__ = [
     "DEFAULTS",
@@ -137,6 +138,7 @@ class RawStream:
     def add_replay(self, records: Any | None = None, states: list[Any] | None = None) -> None: ...
     def resume_point(self, within: int | None = None) -> RawResume: ...
 
+@disjoint_base
 class RawIter:
     """Base of ``_iterator.StreamIterator``: batch mode's ``__next__`` (no Python frame)."""
 
