@@ -286,20 +286,6 @@ impl StreamState {
     pub fn to_value(&self) -> Value {
         serde_json::to_value(self).expect("a state serializes")
     }
-
-    /// [`Self::to_value`] without copying the buffer's text, by far the largest field (~107 kB
-    /// for 10k rows; `state_dict()` runs every step): it is moved into the tree.
-    pub fn into_value(mut self) -> Value {
-        let buffer = self
-            .position
-            .as_mut()
-            .map(|p| std::mem::take(&mut p.buffer));
-        let mut v = self.to_value();
-        if let (Some(text), Some(Value::Object(p))) = (buffer, v.get_mut("position")) {
-            p.insert("buffer".into(), Value::String(text));
-        }
-        v
-    }
 }
 
 /// A version-2 state as version 3: its buffer's base64 text as Latin-1 text of the same ids.
@@ -546,11 +532,6 @@ mod tests {
         assert_eq!(StreamState::parse(old.clone(), "state").unwrap(), st);
         old["position"]["buffer"] = json!("AQAAAAAAAAD/AAAAAAAAAA");
         assert!(err(old).contains("state['position']['buffer'] is not valid base64"));
-        assert_eq!(
-            st.into_value(),
-            v,
-            "into_value moves the buffer to the same place"
-        );
         let mut v = good();
         v["position"]["cursor"] = json!("12");
         assert!(err(v).contains("state['position']['cursor']"));

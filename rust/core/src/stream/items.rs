@@ -151,8 +151,8 @@ impl Stream {
     }
 
     /// [`Self::checkpoint`] with the buffer's row ids beside the state instead of in it (its
-    /// `position.buffer` text is empty): `state_dict()` hands them to Python as `bytes`, so a
-    /// per-step snapshot encodes nothing in proportion to the buffer.
+    /// `position.buffer` text is empty): `state_dict()` makes their Latin-1 `str` from their
+    /// bytes itself, so a per-step snapshot encodes nothing in proportion to the buffer.
     pub fn checkpoint_ids(&mut self, within: Option<usize>) -> Result<(StreamState, Vec<u64>)> {
         let (st, ids) = self.snapshot(within)?;
         let seek = self.seek_of(&st);
