@@ -53,6 +53,60 @@ def run_child(script: str, spec: dict, timeout: float = 1800) -> dict:
 _SERVER: Any = None
 
 
+def callgrind_window(
+    argv: Sequence[str], marks: tuple[str, str], timeout: float, keep: str | None = None
+) -> tuple[int, list[list[str]]]:
+    """Instructions (all threads) a child spends between two marks, under callgrind.
+
+    ``argv`` (after the interpreter) starts the child with instrumentation off; the child prints
+    a line starting with ``marks[0]``, waits for a line on stdin, does the measured work, prints
+    a line starting with ``marks[1]`` and waits again. Instrumentation is switched on
+    (``callgrind_control``) at the first mark and off at the second. Returns the instructions
+    and the two mark lines split into words. ``keep``: also copy callgrind's output to that
+    path (for ``callgrind_annotate --inclusive=yes``)."""
+
+    def control(pid: int, on: str) -> None:
+        subprocess.run(["callgrind_control", "-i", on, str(pid)], check=True, capture_output=True)
+
+    with tempfile.TemporaryDirectory(prefix="cg-") as tmp:
+        out = os.path.join(tmp, "cg.out")
+        cmd = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+            sys.executable, *argv,
+        ]  # fmt: skip
+        p = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert p.stdin is not None and p.stdout is not None
+        lines = []
+        try:
+            for step in marks:
+                line = p.stdout.readline().split()
+                if not line or line[0] != step:
+                    raise RuntimeError(f"callgrind run: expected {step!r}, got {line!r}: {argv}")
+                lines.append(line)
+                control(p.pid, "on" if step == marks[0] else "off")
+                p.stdin.write("\n")
+                p.stdin.flush()
+            _, err = p.communicate(timeout=timeout)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if p.returncode != 0:
+            raise RuntimeError(f"callgrind run failed: {argv}\n{err[-4000:]}")
+        if keep:
+            import shutil
+
+            os.makedirs(os.path.dirname(keep) or ".", exist_ok=True)
+            shutil.copy(out, keep)
+        with open(out) as f:
+            for line in f:
+                if line.startswith("totals:"):
+                    return int(line.split()[1]), lines
+    raise RuntimeError("no totals in the callgrind output")
+
+
 def forkserver_available() -> bool:
     return "forkserver" in multiprocessing.get_all_start_methods()
 

@@ -263,49 +263,13 @@ def callgrind_per_row(spec: dict[str, Any], keep: str | None = None) -> float:
     batch (what "whole pass minus a run stopped after the first batch" measures, in one run).
     ``keep``: also copy callgrind's output there (for ``callgrind_annotate --inclusive=yes``)."""
     import json
-    import subprocess
 
-    def control(pid: int, on: str) -> None:
-        subprocess.run(["callgrind_control", "-i", on, str(pid)], check=True, capture_output=True)
-
-    with tempfile.TemporaryDirectory(prefix="mix-cg-") as tmp:
-        out = os.path.join(tmp, "cg.out")
-        cmd = [
-            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-            sys.executable, os.path.abspath(__file__), "--cg-spec", json.dumps(spec),
-        ]  # fmt: skip
-        p = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert p.stdin is not None and p.stdout is not None
-        rows = 0
-        try:
-            for step in ("first", "done"):
-                line = p.stdout.readline().split()
-                if not line or line[0] != step:
-                    raise RuntimeError(f"callgrind run: expected {step!r}, got {line!r}: {spec}")
-                rows = int(line[1])
-                control(p.pid, "on" if step == "first" else "off")
-                p.stdin.write("\n")
-                p.stdin.flush()
-            _, err = p.communicate(timeout=1800)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        if p.returncode != 0:
-            raise RuntimeError(f"callgrind run failed: {spec}\n{err[-4000:]}")
-        if keep:
-            import shutil
-
-            os.makedirs(keep, exist_ok=True)
-            name = f"{spec['kind']}-k{len(spec['dirs'])}-shuffle{spec['shuffle']}.cg.out"
-            shutil.copy(out, os.path.join(keep, name))
-        with open(out) as f:
-            for line in f:
-                if line.startswith("totals:"):
-                    return int(line.split()[1]) / rows
-    raise RuntimeError("no totals in the callgrind output")
+    argv = [os.path.abspath(__file__), "--cg-spec", json.dumps(spec)]
+    name = f"{spec['kind']}-k{len(spec['dirs'])}-shuffle{spec['shuffle']}.cg.out"
+    ir, lines = benchlib.callgrind_window(
+        argv, ("first", "done"), 1800, keep and os.path.join(keep, name)
+    )
+    return ir / int(lines[1][1])
 
 
 def section_callgrind(root: str, args: Any, ks: list[int]) -> list[dict[str, Any]]:

@@ -667,42 +667,9 @@ def callgrind_ir(spec: dict) -> int:
     callgrind: started with the instrumentation off, switched on (``callgrind_control``) only
     for the pass."""
     import json
-    import subprocess
-    import tempfile
 
-    def control(pid: int, on: str) -> None:
-        subprocess.run(["callgrind_control", "-i", on, str(pid)], check=True, capture_output=True)
-
-    with tempfile.TemporaryDirectory(prefix="pack-cg-") as tmp:
-        out = os.path.join(tmp, "cg.out")
-        cmd = [
-            "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-            sys.executable, os.path.abspath(__file__), "--run-spec", json.dumps(spec),
-        ]  # fmt: skip
-        p = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert p.stdin is not None and p.stdout is not None
-        try:
-            for step in ("ready", "done"):
-                line = p.stdout.readline().strip()
-                if line != step:
-                    raise RuntimeError(f"callgrind run: expected {step!r}, got {line!r}: {spec}")
-                control(p.pid, "on" if step == "ready" else "off")
-                p.stdin.write("\n")
-                p.stdin.flush()
-            _, err = p.communicate(timeout=600)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        if p.returncode != 0:
-            raise RuntimeError(f"callgrind run failed: {spec}\n{err[-4000:]}")
-        with open(out) as f:
-            for line in f:
-                if line.startswith("totals:"):
-                    return int(line.split()[1])
-    raise RuntimeError("no totals in the callgrind output")
+    argv = [os.path.abspath(__file__), "--run-spec", json.dumps(spec)]
+    return benchlib.callgrind_window(argv, ("ready", "done"), 600)[0]
 
 
 def section_callgrind(args: Any, skip: dict, results: dict) -> None:
