@@ -14,10 +14,14 @@
   cache) vs `datasets`' `IterableDataset.load_state_dict` + first row at the same positions;
 * open time of a 1,000-file stream-format dataset, without and with the sidecar.
 
-    .venv/bin/python benches/ipc.py [--rows 1000000] [--dir bench-data/ipc] [--json out.json]
+    .venv/bin/python benches/ipc.py [--rows 1000000] [--runs 3] [--dir bench-data/ipc]
+                                    [--json out.json] [--only-files]
 
 Data is generated once under --dir (the HF directory with `datasets` itself). Timings are wall
-and CPU seconds in this process, warm page cache; the load average is recorded beside them.
+and CPU seconds, warm page cache; the load average is recorded beside them. Each IPC-files
+case runs in a fresh process forked from a preloaded server, the cases interleaved (order
+rotated each round), --runs rounds, reported as median (min-max) with the ratios of the pairs
+compared; the HF, resume and open-time figures run once, in this process.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import load1, write_json  # noqa: E402
+import benchlib  # noqa: E402
+from benchlib import load1, load_range, mrows, print_table, summary, with_spread, write_json  # noqa: E402
 from shardstream import ParquetStream  # noqa: E402
 from shardstream.cli.bench import time_resume, timed_passes  # noqa: E402
 
@@ -105,28 +110,26 @@ def best(fn, sizes) -> dict:
     return {**runs[bs], "batch_size": bs}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--row-limit", type=int, default=100_000)
-    ap.add_argument("--many", type=int, default=1000)
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--dir", default="bench-data/ipc")
-    ap.add_argument("--json")
-    ap.add_argument("--only-files", action="store_true", help="just the IPC files comparison")
-    args = ap.parse_args()
-    import datasets
+# The IPC-files cases, each run in a fresh process (files_child); FILE_CASES' values say what
+# each is. The pairs compared are (shardstream_epochs, pyarrow_get_batch_mmap_epochs) and
+# (shardstream, pyarrow_get_batch_mmap): the target is the zero-copy get_batch loop at its best.
+FILE_CASES = {
+    "shardstream": "shardstream, a new dataset per pass (catalog opened each pass), best size",
+    "shardstream_epochs": "shardstream, one dataset iterated pass after pass (epochs), batch 1,000",
+    "pyarrow_get_batch": "pyarrow `open_file(path).get_batch(i)` loop (reads each batch)",
+    "pyarrow_get_batch_mmap": "pyarrow `get_batch` loop, `pa.memory_map`, files opened per pass",
+    "pyarrow_get_batch_mmap_epochs": "pyarrow `get_batch` loop, mapped readers opened once",
+    "pyarrow_get_batch_mmap_validate_full": "same as per pass + `validate(full=True)` (reference)",
+    "pyarrow_dataset": '`pyarrow.dataset(format="arrow")`, best batch size',
+}
+PRELOAD = ["pyarrow", "pyarrow.dataset", "pyarrow.ipc", "numpy", "shardstream"]
 
-    datasets.disable_progress_bars()
-    res: dict = {"load1_start": load1()}
-    files = ipc_files(args.dir, args.rows, args.shards)
-    hf = None if args.only_files else hf_dir(args.dir, args.rows, args.shards)
-    # 1000: the record batch size of the files (then a batch is a zero-copy slice)
-    sizes = [1000, 1024, 8192, 65536]
-    t = args.seconds
 
-    # 1. IPC files, batches
+def files_child(spec: dict) -> dict:
+    """One IPC-files case (``spec["kind"]``) in this (fresh) process."""
+    files, sizes, t = spec["files"], spec["sizes"], spec["seconds"]
+    kind = spec["kind"]
+
     def ss_files(bs):
         mk = lambda: ParquetStream(files, batch_size=bs, output="arrow", shuffle_buffer=0)  # noqa: E731
         return _rate(timed_passes(mk, t))
@@ -183,15 +186,91 @@ def main() -> int:
         ds = pads.dataset(files, format="arrow")
         return _rate(timed_passes(lambda: ds.to_batches(batch_size=bs), t))
 
-    res["files"] = {
-        "shardstream": best(ss_files, sizes),
-        "shardstream_epochs": ss_files_epochs(1000),
-        "pyarrow_get_batch": pa_get_batch(0),
-        "pyarrow_get_batch_mmap": pa_get_batch_mmap(0),
-        "pyarrow_get_batch_mmap_epochs": pa_get_batch_mmap_epochs(0),
-        "pyarrow_get_batch_mmap_validate_full": pa_get_batch_mmap_validate(0),
-        "pyarrow_dataset": best(pa_dataset, sizes),
-    }
+    if kind == "shardstream":
+        return best(ss_files, sizes)
+    if kind == "shardstream_epochs":
+        return ss_files_epochs(1000)
+    if kind == "pyarrow_dataset":
+        return best(pa_dataset, sizes)
+    return {
+        "pyarrow_get_batch": pa_get_batch,
+        "pyarrow_get_batch_mmap": pa_get_batch_mmap,
+        "pyarrow_get_batch_mmap_epochs": pa_get_batch_mmap_epochs,
+        "pyarrow_get_batch_mmap_validate_full": pa_get_batch_mmap_validate,
+    }[kind](0)
+
+
+def _median_of(runs: list[dict]) -> dict:
+    out = {k: summary([r[k] for r in runs])["median"] for k in ("rows_per_s", "rows_per_cpu_s")}
+    return {**out, "runs": runs}
+
+
+def _print_files(runs: dict[str, list[dict]]) -> None:
+    def rate(case: str, key: str) -> str:
+        return with_spread([r[key] for r in runs[case]], mrows)
+
+    print_table(
+        [
+            [
+                FILE_CASES[c],
+                rate(c, "rows_per_s"),
+                rate(c, "rows_per_cpu_s"),
+                "/".join(str(r.get("batch_size", "-")) for r in v),
+                load_range(v),
+            ]
+            for c, v in runs.items()
+        ],
+        ("case", "M rows/s", "M rows/CPU-s", "batch size per run", "load"),
+        title='IPC files, `output="arrow"` batches (median (min-max) of fresh processes)',
+    )
+    rows = []
+    for ours, theirs in (
+        ("shardstream_epochs", "pyarrow_get_batch_mmap_epochs"),
+        ("shardstream", "pyarrow_get_batch_mmap"),
+    ):
+        cells = [f"{ours} / {theirs}"]
+        for key in ("rows_per_s", "rows_per_cpu_s"):
+            a = [r[key] for r in runs[ours]]
+            b = [r[key] for r in runs[theirs]]
+            per_run = ", ".join(f"{x / y:.2f}" for x, y in zip(a, b, strict=True))
+            med = summary(a)["median"] / summary(b)["median"]
+            cells.append(f"{med:.2f} (per round: {per_run})")
+        rows.append(cells)
+    print_table(rows, ("pair", "wall ratio of medians", "CPU ratio of medians"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--row-limit", type=int, default=100_000)
+    ap.add_argument("--many", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--dir", default="bench-data/ipc")
+    ap.add_argument("--json")
+    ap.add_argument("--only-files", action="store_true", help="just the IPC files comparison")
+    ap.add_argument("--runs", type=int, default=3, help="fresh processes per IPC-files case")
+    args = ap.parse_args()
+    import datasets
+
+    datasets.disable_progress_bars()
+    res: dict = {"load1_start": load1()}
+    files = ipc_files(args.dir, args.rows, args.shards)
+    hf = None if args.only_files else hf_dir(args.dir, args.rows, args.shards)
+    # 1000: the record batch size of the files (then a batch is a zero-copy slice)
+    sizes = [1000, 1024, 8192, 65536]
+    t = args.seconds
+
+    # 1. IPC files, batches: every case in a fresh forked process, the cases interleaved (their
+    # order rotated each round), --runs rounds; a figure is the median of its runs.
+    order = list(FILE_CASES)
+    runs: dict[str, list[dict]] = {c: [] for c in order}
+    for r in range(args.runs):
+        for case in order[r % len(order) :] + order[: r % len(order)]:
+            spec = {"kind": case, "files": files, "sizes": sizes, "seconds": t}
+            runs[case].append(benchlib.run_forked(files_child, spec, PRELOAD))
+    res["files"] = {c: _median_of(v) for c, v in runs.items()}
+    _print_files(runs)
 
     if args.only_files:
         res["load1_end"] = load1()
