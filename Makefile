@@ -202,12 +202,16 @@ PIP_WHEEL = $(PY) -m pip wheel $(PIP_FLAGS) --no-build-isolation --no-deps -v \
 # point, the docs' examples, and the object-store HTTP/TLS stack on its main paths. Left to
 # test-py, where the same Python and Rust sources run: the torchrun tests (~6 min), the
 # reliability suites (~4 min), the trainer/DataLoader integrations (Python glue), the bench
-# harness, and the fault-injection object-store cases (timing-heavy; the retry logic is the
-# same source). For everything: make test-wheel WHEEL_TEST_SELECT=
+# harness, the fault-injection object-store cases (timing-heavy; the retry logic is the
+# same source), and the resume, map-style, row-mode and import-footprint matrices (api/
+# test_resume.py, test_mapstyle.py, test_rows_fast.py, test_footprint.py: ~60% of the wheel
+# run's time, exercising the same code paths over more positions and settings, not more of
+# the binary). For everything: make test-wheel WHEEL_TEST_SELECT=
 # (--ignore-glob patterns must be absolute: pytest runs from a directory outside the repo.)
 WHEEL_IGNORE := integration/test_distributed.py integration/test_accelerate.py \
   integration/test_hf_trainer.py integration/test_lightning.py integration/test_dataloader.py \
-  integration/test_mapstyle_loader.py reliability/* bench/*
+  integration/test_mapstyle_loader.py reliability/* bench/* api/test_resume.py \
+  api/test_mapstyle.py api/test_rows_fast.py api/test_footprint.py
 WHEEL_TEST_SELECT ?= $(foreach p,$(WHEEL_IGNORE),'--ignore-glob=$(CURDIR)/tests/$(p)') \
   -k 'not (test_object_store and (fault or silent or slow or blackhole or short_delays or moto_proxy))'
 PYTEST_WHEEL_ARGS ?= $(PYTEST_ARGS) $(WHEEL_TEST_SELECT)
