@@ -36,9 +36,10 @@ of the measuring process); ratios are shardstream / baseline, both measured in t
   loader   (h) DataLoader / StatefulDataLoader, 2 workers, batch 1024, torch output, tokens
            as a list of tensors, vs a plain pyarrow IterableDataset
   ceiling  (i) StatefulDataLoader, 2 workers: ParquetStream(output="torch") for each
-           list_format (split, offsets, padded) and batch size (--ceiling-batch-sizes) vs the
-           loader's ceiling: a dataset that only yields fresh copies of pre-built batches of
-           the same shapes and types through the same loader
+           list_format (split, offsets, padded, nested) and batch size
+           (--ceiling-batch-sizes) vs the loader's ceiling: a dataset that only yields fresh
+           copies of pre-built batches of the same shapes through the same loader (plain
+           dicts of plain tensors; --ceiling-same-types: ParquetStream's own types)
 
 (f) and (g) run once each (a datasets run takes seconds to tens of seconds).  Loader
 figures (h, i) are steady state: timed from the --warmup-th batch to the last, CPU of
@@ -450,16 +451,24 @@ def _pa_torch_dataset(files: list[str]) -> Any:
     return PyarrowShards()
 
 
-def _recipe(value: Any) -> Any:
+def _recipe(value: Any, same_types: bool = False) -> Any:
     """How to rebuild a batch value with fresh storage: a tensor is cloned; a list of tensors
-    (list_format="split": views of one values tensor) becomes one values tensor split again;
+    (list_format="split": views of one values tensor) becomes one values tensor split again
+    into a plain list (with `same_types`, a `SplitList` again, which crosses the loader as
+    values + offsets); a nested (jagged) tensor is rebuilt from cloned values and offsets;
     tuples (offsets, padded) part by part."""
     import torch
+    from shardstream.convert import SplitList
 
+    if same_types and isinstance(value, SplitList):
+        assert value._compact(), "a batch straight from ParquetStream is compact"
+        return ("splitlist", value._values, value._offsets, value._valid)
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        return ("nested", value.values(), value.offsets())
     if isinstance(value, torch.Tensor):
         return ("tensor", value)
     if isinstance(value, tuple):
-        return ("tuple", [_recipe(v) for v in value])
+        return ("tuple", [_recipe(v, same_types) for v in value])
     if isinstance(value, list) and value and all(isinstance(v, torch.Tensor) for v in value):
         return ("split", torch.cat(value), [len(v) for v in value])
     return ("object", value)
@@ -473,6 +482,13 @@ def _fresh(recipe: Any) -> Any:
     kind = recipe[0]
     if kind == "tensor":
         return recipe[1].clone()
+    if kind == "splitlist":
+        from shardstream.convert import SplitList
+
+        valid = None if recipe[3] is None else recipe[3].copy()
+        return SplitList._from_parts(recipe[1].clone(), recipe[2].copy(), valid)
+    if kind == "nested":
+        return torch.nested.nested_tensor_from_jagged(recipe[1].clone(), recipe[2].clone())
     if kind == "tuple":
         return tuple(_fresh(r) for r in recipe[1])
     if kind == "split":
@@ -480,19 +496,23 @@ def _fresh(recipe: Any) -> Any:
     return copy.deepcopy(recipe[1])
 
 
-def _null_dataset(templates: list[dict]) -> Any:
+def _null_dataset(templates: list[dict], same_types: bool = False) -> Any:
     """The loader's ceiling: yields, forever, fresh copies of pre-built batches (fresh storage
     each time, as a reader's are: a tensor already in shared memory would cross the process
-    boundary without a copy)."""
+    boundary without a copy). By default plain ones: a `dict` of plain tensors, a split column
+    a plain list of per-row tensors, as any dataset would yield them; with `same_types`, of
+    the types ParquetStream yields (its batch `dict` type, `SplitList`), so the transfer is the
+    same and only producing the batches differs."""
     from torch.utils.data import IterableDataset
 
-    recipes = [{k: _recipe(v) for k, v in t.items()} for t in templates]
+    recipes = [(type(t), {k: _recipe(v, same_types) for k, v in t.items()}) for t in templates]
 
     class NullBatches(IterableDataset):
         def __iter__(self) -> Any:
             while True:
-                for r in recipes:
-                    yield {k: _fresh(v) for k, v in r.items()}
+                for t, r in recipes:
+                    b = {k: _fresh(v) for k, v in r.items()}
+                    yield t(b) if same_types else b
 
     return NullBatches()
 
@@ -569,7 +589,13 @@ def _loader(data: str, src: str, loader: str, workers: int, batches: int, warmup
 
 
 def _ceiling(
-    data: str, src: str, list_format: str, batch_size: int, batches: int, warmup: int
+    data: str,
+    src: str,
+    list_format: str,
+    batch_size: int,
+    batches: int,
+    warmup: int,
+    same_types: bool = False,
 ) -> dict:
     """(i): StatefulDataLoader, 2 workers, over ParquetStream(output="torch", list_format) or
     over the null dataset yielding its first batches again and again."""
@@ -584,7 +610,7 @@ def _ceiling(
         ds = stream()
     else:  # read here without readahead threads: the loader forks this process
         it = iter(stream(readahead_threads=0))
-        ds = _null_dataset([next(it) for _ in range(8)])
+        ds = _null_dataset([next(it) for _ in range(8)], same_types)
         del it
     dl = StatefulDataLoader(ds, batch_size=None, num_workers=2, snapshot_every_n_steps=1)
     return _loader_run(dl, batches, warmup)
@@ -634,6 +660,7 @@ def child_main(spec: dict) -> dict:
             spec["batch_size"],
             spec["batches"],
             spec["warmup"],
+            spec.get("same_types", False),
         )
     else:
         raise SystemExit(f"unknown child kind {kind!r}")
@@ -1346,7 +1373,7 @@ class Bench:
         plan = []
         for bs in a.ceiling_batch_sizes:
             nb = max(a.warmup + 1, min(a.ceiling_rows // bs, a.rows // bs - 2))
-            for fmt in ("split", "offsets", "padded"):
+            for fmt in ("split", "offsets", "padded", "nested"):
                 plan.append((fmt, bs, nb))
         for i in range(a.runs):
             for fmt, bs, nb in plan:
@@ -1361,6 +1388,7 @@ class Bench:
                             "batch_size": bs,
                             "batches": nb,
                             "warmup": a.warmup,
+                            "same_types": a.ceiling_same_types,
                         }
                     )
                     runs.setdefault(f"{fmt}/{bs}/{src}", []).append(r)
@@ -1408,7 +1436,9 @@ class Bench:
             ],
             '(i) StatefulDataLoader(2 workers, snapshot_every_n_steps=1), output="torch", '
             "[id, tokens]: shardstream vs the loader's ceiling (a dataset yielding fresh copies "
-            f"of pre-built batches of the same shapes); steady state from batch {a.warmup}; "
+            "of pre-built batches of the same shapes, "
+            + ("of ParquetStream's own types" if a.ceiling_same_types else "plain tensors")
+            + f"); steady state from batch {a.warmup}; "
             f"median (min–max) of {a.runs} runs",
         )
 
@@ -1710,6 +1740,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--ceiling-batch-sizes", type=_ints, default=[32, 1024], help="batch sizes of (i) (32,1024)"
+    )
+    ap.add_argument(
+        "--ceiling-same-types",
+        action="store_true",
+        help="(i)'s ceiling yields ParquetStream's own batch types (its dict type, SplitList) "
+        "instead of plain dicts of plain tensors",
     )
     ap.add_argument(
         "--ceiling-rows", type=int, default=131_072, help="rows per (i) run (%(default)s)"

@@ -3,7 +3,9 @@
 Numeric columns without nulls reach numpy and torch without copies (numpy views of the Arrow
 buffer; ``torch.from_dlpack``). ``list<number>`` columns become a :class:`SplitList`: one 1-D
 array/tensor per row, each a view into the flattened values (sliced by the Arrow offsets), that
-crosses a DataLoader's worker pipe as that one values array plus offsets. Strings stay ``str``;
+crosses a DataLoader's worker pipe as that one values array plus offsets. With torch output a
+batch is a :class:`Batch` (a ``dict``) whose small tensors cross that pipe inside the pickle.
+Strings stay ``str``;
 anything else (nulls in numeric columns, nested structs, ...) falls back to Python values.
 ``output="python"`` values are exactly ``to_pylist()``'s, made faster by ``_rows``.
 """
@@ -18,7 +20,7 @@ import pyarrow as pa
 
 from . import _rows
 
-__all__ = ["LIST_FORMATS", "OUTPUTS", "Converter", "SplitList"]
+__all__ = ["LIST_FORMATS", "OUTPUTS", "Batch", "Converter", "SplitList"]
 
 OUTPUTS = ("torch", "numpy", "python", "arrow")
 # How batch mode returns list<number> columns with numpy/torch output.
@@ -168,6 +170,89 @@ def _rebuild_split(
 _INLINE_BYTES = 1 << 16
 
 
+class Batch(dict):  # type: ignore[type-arg]
+    """A batch with ``output="torch"``: a plain ``dict`` of column -> value, with one difference,
+    about moving it between processes. Sent through a ``multiprocessing`` pipe (a DataLoader
+    worker's result queue), each of its CPU tensors of at most 64 KiB (and those in a tuple or
+    list value, e.g. ``list_format="offsets"``'s pair) travels inside the pickle and is rebuilt
+    as a tensor of the same dtype, shape and values, instead of being moved to a shared-memory
+    segment whose file descriptor is then passed over a socket: that costs ~1 ms of CPU per
+    tensor between the worker and the main process, most of a small batch's transfer.
+    Larger tensors take torch's shared-memory path as before. Other picklers (``pickle``,
+    ``torch.save``) are unaffected.
+    """
+
+    __slots__ = ()
+
+    def __copy__(self) -> Batch:
+        # DataLoader's default_convert and pin_memory copy the mapping, then update it
+        return Batch(self)
+
+
+class _Inline:
+    """A small tensor pickled as its numpy array (bytes inside the pickle), unpickled as a
+    tensor again."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self) -> Any:
+        return (_tensor_from_numpy, (self.array,))
+
+
+def _tensor_from_numpy(array: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(array)
+
+
+def _inline(v: Any, torch: Any) -> Any:
+    """``v`` with its small plain CPU tensors (top level, or in a plain tuple/list) wrapped to
+    travel inside the pickle; anything else as it is."""
+    t = type(v)
+    if t is torch.Tensor:
+        if (
+            v.device.type == "cpu"
+            and v.layout is torch.strided
+            and not v.requires_grad
+            and v.is_contiguous()
+            and v.nbytes <= _INLINE_BYTES
+            and v.dtype in _NUMPY_DTYPES
+        ):
+            return _Inline(v.numpy())
+        return v
+    if t is tuple or t is list:
+        return t(_inline(x, torch) for x in v)
+    return v
+
+
+_NUMPY_DTYPES: set[Any] = set()
+
+
+def _reduce_batch_for_pipe(b: Batch) -> Any:
+    import torch
+
+    return (Batch, ({k: _inline(v, torch) for k, v in b.items()},))
+
+
+def _register_pipe_reducer() -> None:
+    """Make multiprocessing's pickler (DataLoader workers' queues) send ``Batch`` with its small
+    tensors inline; other picklers are unaffected."""
+    if _NUMPY_DTYPES:
+        return
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+
+    _NUMPY_DTYPES.update(
+        (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+        + (torch.float16, torch.float32, torch.float64)
+    )
+    ForkingPickler.register(Batch, _reduce_batch_for_pipe)
+
+
 class Converter:
     """Converts batches of one schema to one output kind.
 
@@ -196,6 +281,7 @@ class Converter:
             import torch
 
             self._torch = torch
+            _register_pipe_reducer()
 
     # -- per column -------------------------------------------------------------------------
     # numpy arrays are views of the Arrow buffers (`_rows._numpy`), not `Array.to_numpy()`:
@@ -264,10 +350,11 @@ class Converter:
                 n: list(_rows.column_values(c)) for n, c in zip(self.names, rb.columns, strict=True)
             }
         fmt = self.list_format
-        return {
+        out = {
             n: self._column(c, k, fmt)
             for n, c, k in zip(self.names, rb.columns, self.kinds, strict=True)
         }
+        return Batch(out) if self._torch is not None else out
 
     def rows(self, rb: pa.RecordBatch) -> Iterable[Any]:
         """The rows of ``rb``, ``rb.num_rows`` of them; python output makes each on ``next()``."""

@@ -209,3 +209,110 @@ def test_split_list_works_where_a_list_of_tensors_does():
     assert [p[: len(r)].tolist() for p, r in zip(padded, rows, strict=True)] == rows
     assert torch.cat(s).tolist() == sum(rows, [])
     assert isinstance(s, list) and len(s) == 4 and s[-1].tolist() == rows[-1]
+
+
+# ------------------------------------------------------------------ Batch: small tensors inline
+
+
+def _values_of(v):
+    """A batch value as comparable Python data, with its exact tensor types and dtypes."""
+    from shardstream.convert import SplitList
+
+    if isinstance(v, torch.Tensor) and v.is_nested:
+        return ("nested", str(v.dtype), [_values_of(t) for t in v.unbind()])
+    if isinstance(v, torch.Tensor):
+        return (type(v).__name__, str(v.dtype), tuple(v.shape), v.tolist())
+    if isinstance(v, SplitList):
+        return ("SplitList", v._compact(), [_values_of(t) for t in v])
+    if isinstance(v, (list, tuple)):  # default_convert turns the (offsets/padded) tuples into lists
+        return ("seq", [_values_of(t) for t in v])
+    return (type(v).__name__, v)
+
+
+def _batch_values(b):
+    return (type(b).__name__, {k: _values_of(v) for k, v in b.items()})
+
+
+@pytest.mark.parametrize("fmt", ["split", "offsets", "padded", "nested"])
+@pytest.mark.parametrize("batch_size", [8, 700])  # every tensor inline; values over 64 KiB
+def test_batches_through_stateful_loader_workers_are_the_streams_batches(tmp_path, fmt, batch_size):
+    """Each batch a StatefulDataLoader's 2 workers deliver is, in full (types, dtypes, shapes,
+    values), the batch the same slot's stream yields in-process; every batch arrives once."""
+    from shardstream.convert import Batch
+    from torch.utils.data._utils.collate import default_convert
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    datagen.write_shards(tmp_path, num_shards=2, rows_per_shard=1500, tokens_len=(20, 60), seed=3)
+    kw = dict(columns=["id", "tokens"], batch_size=batch_size, output="torch", list_format=fmt)
+    want = {}
+    for rank in (0, 1):  # slot `rank` of 2 = DataLoader worker `rank` of 2
+        for b in ParquetStream(str(tmp_path), rank=rank, world_size=2, **kw):
+            assert type(b) is Batch
+            want[int(b["id"][0])] = _batch_values(default_convert(b))
+    ds = ParquetStream(str(tmp_path), **kw)
+    got = {}
+    for b in StatefulDataLoader(ds, batch_size=None, num_workers=2, snapshot_every_n_steps=1):
+        assert type(b) is Batch and not b["id"].is_shared()  # came inside the pickle
+        got[int(b["id"][0])] = _batch_values(b)
+    assert got == want
+    assert sum(len(v[1]["id"][3]) for v in got.values()) == 3000
+
+
+def test_batch_pipe_pickle_inlines_small_tensors_and_plain_pickle_is_a_dict():
+    """Through multiprocessing's pickler (a DataLoader worker's queue) a Batch's small tensors
+    travel inside the pickle (no shared memory) and come back equal; larger ones take torch's
+    shared-memory path; plain pickle is unaffected."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import pyarrow as pa
+    from shardstream.convert import Batch, Converter
+
+    Converter("torch", pa.schema([]))  # registers the pipe reducer, as any torch stream does
+    small = torch.arange(5, dtype=torch.int32)
+    big = torch.arange(20_000, dtype=torch.float64)  # 160 kB
+    b = Batch(
+        id=torch.arange(3), tokens=(small, torch.tensor([0, 2, 5])), big=big, name=["a", "b", "c"]
+    )
+    out = pickle.loads(ForkingPickler.dumps(b))
+    assert type(out) is Batch and list(out) == list(b)
+    assert _batch_values(out) == _batch_values(b)
+    assert type(out["tokens"]) is tuple
+    assert not out["id"].is_shared() and not out["tokens"][0].is_shared()
+    assert out["big"].is_shared()  # the shared-memory path, as before
+    for t in (out["id"], *out["tokens"]):  # writable, own memory
+        t.add_(0)
+    plain = pickle.loads(pickle.dumps(b))
+    assert type(plain) is Batch and _batch_values(plain) == _batch_values(b)
+
+
+@pytest.mark.parametrize("fmt", ["split", "offsets", "padded"])
+def test_pin_memory_of_worker_batches(tmp_path, monkeypatch, fmt):
+    """DataLoader(pin_memory=True)'s pinning (torch's pin_memory on each received batch) keeps
+    the Batch type and every value; each tensor is pinned once (the split column's values once).
+    No accelerator here: pinning is stood in for by a copy that counts its calls."""
+    from shardstream.convert import Batch, SplitList
+    from torch.utils.data import DataLoader
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    datagen.write_shards(tmp_path, num_shards=2, rows_per_shard=300, tokens_len=(20, 60), seed=4)
+    ds = ParquetStream(
+        str(tmp_path), columns=["id", "tokens"], batch_size=32, output="torch", list_format=fmt
+    )
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    pinned: list = []
+
+    def fake_pin(self, device=None):
+        pinned.append(self.numel())
+        return self.clone()
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    for b in batches:
+        pinned.clear()
+        out = pin_memory(b)
+        assert type(out) is Batch and _batch_values(out) == _batch_values(b)
+        assert out["id"].data_ptr() != b["id"].data_ptr()
+        if fmt == "split":
+            assert type(out["tokens"]) is SplitList and out["tokens"]._compact()
+            assert sorted(pinned) == sorted([len(b["id"]), out["tokens"]._values.numel()])
+        else:
+            assert len(pinned) == 3  # id and the pair
