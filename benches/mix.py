@@ -14,8 +14,9 @@
     ``state_dict()``/``load_state_dict()`` mid-stream, with and without a shuffle buffer.
 
 (e) ``--callgrind`` (instead of (a)-(d): minutes): instructions per row after the first batch
-    under valgrind's callgrind, K sources vs one stream, arrow ``mixed``, threads=0, with and
-    without ``shuffle_buffer=1000``: the overhead as a count the machine's load does not move.
+    under valgrind's callgrind, K sources vs one stream, arrow ``mixed`` (``--cg-output``,
+    ``--cg-combine``), threads=0, with and without ``shuffle_buffer=1000``: the overhead as a
+    count the machine's load does not move.
 
 Every figure is the median (min–max) of ``--runs`` fresh processes (forked from a server that
 imported the libraries once; ``benchlib.run_forked``), run interleaved, with the 1-minute load
@@ -265,7 +266,10 @@ def callgrind_per_row(spec: dict[str, Any], keep: str | None = None) -> float:
     import json
 
     argv = [os.path.abspath(__file__), "--cg-spec", json.dumps(spec)]
-    name = f"{spec['kind']}-k{len(spec['dirs'])}-shuffle{spec['shuffle']}.cg.out"
+    name = (
+        f"{spec['kind']}-k{len(spec['dirs'])}-shuffle{spec['shuffle']}-{spec['output']}"
+        f"-{spec.get('combine', 'single')}.cg.out"
+    )
     ir, lines = benchlib.callgrind_window(
         argv, ("first", "done"), 1800, keep and os.path.join(keep, name)
     )
@@ -273,26 +277,32 @@ def callgrind_per_row(spec: dict[str, Any], keep: str | None = None) -> float:
 
 
 def section_callgrind(root: str, args: Any, ks: list[int]) -> list[dict[str, Any]]:
-    """(e) Instructions per row after the first batch: K sources vs one stream, arrow
-    ``mixed`` output, ``readahead_threads=0``, with and without a shuffle buffer per source
-    (the same for the one stream). Independent of the machine's load."""
+    """(e) Instructions per row after the first batch: K sources vs one stream, output
+    ``--cg-output`` (arrow), combine ``--cg-combine`` (mixed), ``readahead_threads=0``, with
+    and without a shuffle buffer per source (the same for the one stream). Independent of the
+    machine's load."""
     table, out = [], []
+    output, combine = args.cg_output, args.cg_combine
     for k in ks:
         dirs = make_data(root, args.rows, k)
         for shuffle in (int(x) for x in args.cg_shuffle.split(",")):
-            base = dict(dirs=dirs, batch=args.batch, output="arrow", shuffle=shuffle, threads=0)
+            base = dict(dirs=dirs, batch=args.batch, output=output, shuffle=shuffle, threads=0)
             one = callgrind_per_row(dict(base, kind="single"), args.cg_out)
-            mixed = callgrind_per_row(dict(base, kind="mix", combine="mixed"), args.cg_out)
+            mixed = callgrind_per_row(dict(base, kind="mix", combine=combine), args.cg_out)
             print(f"  callgrind K={k} shuffle {shuffle}: {one:,.0f} / {mixed:,.0f}", flush=True)
             table.append(
                 [
-                    f"K={k} arrow mixed threads=0" + (f" shuffle {shuffle}" if shuffle else ""),
+                    f"K={k} {output} {combine} threads=0"
+                    + (f" shuffle {shuffle}" if shuffle else ""),
                     f"{mixed:,.0f}",
                     f"{one:,.0f}",
                     f"{mixed / one:.3f}",
                 ]
             )
-            out.append({"k": k, "shuffle": shuffle, "single": one, "mix": mixed})
+            out.append(
+                {"k": k, "shuffle": shuffle, "output": output, "combine": combine}
+                | {"single": one, "mix": mixed}
+            )
     benchlib.print_table(
         table,
         ("workload", "Mixture instructions/row", "one ParquetStream instructions/row", "ratio"),
@@ -328,6 +338,8 @@ def main() -> int:
     )
     p.add_argument("--cg-out", default=None, help="with --callgrind: keep callgrind's outputs here")
     p.add_argument("--cg-shuffle", default="0,1000", help="with --callgrind: shuffle buffers")
+    p.add_argument("--cg-output", default="arrow", help="with --callgrind: arrow, torch, numpy")
+    p.add_argument("--cg-combine", default="mixed", help="with --callgrind: mixed or by_source")
     p.add_argument("--cg-spec", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.cg_spec:
