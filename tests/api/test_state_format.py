@@ -174,3 +174,115 @@ def test_state_grows_with_buffer_not_with_data(narrow_wide):
     w = size_without_seek(state_at(wide.root, dict(st, shuffle_buffer=1024), 2000))
     n = size_without_seek(state_at(narrow.root, dict(st, shuffle_buffer=1024), 2000))
     assert w == n, (w, n)
+
+
+# -- state_dict() built directly (rust/python/src/state_dict.rs) --------------------------------
+
+
+def same_state(fast, slow, where):
+    """The same state, byte for byte: pickled (types, key order, and no object repeated inside
+    one state, which pickle would write as a reference) and as JSON."""
+    assert pickle.dumps(fast, protocol=5) == pickle.dumps(slow, protocol=5), (where, fast, slow)
+    assert json.dumps(fast) == json.dumps(slow), where
+
+
+def check_along(ds, n, label, row_mode=False, it=None):
+    """``ds.state_dict()`` against the serde-built state after each of the next ``n`` items
+    (``None``: to the end) of ``it`` (default: a new iterator). Returns how many items were
+    compared."""
+    it = iter(ds) if it is None else it
+    seen = 0
+    while n is None or seen < n:
+        if next(it, None) is None:
+            break
+        seen += 1
+        raw = ds._iter._raw
+        within = ds._iter._within() if row_mode else None
+        same_state(ds.state_dict(), raw._state_dict_serde(within=within), (label, seen))
+    return seen
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(output="arrow", batch_size=16, shuffle_buffer=40, seed=4, epochs=3),
+        dict(output="arrow", batch_size=7, epochs=2),
+        dict(output="python", shuffle_buffer=9, seed=2, epochs=2),  # row mode: within
+        dict(output="arrow", batch_size=5, shuffle_buffer=11, rank=1, world_size=2, even="pad"),
+        dict(output="arrow", batch_size=5, rank=0, world_size=3, even=None, epochs=None),
+    ],
+    ids=["buffer-3-epochs", "nobuffer", "rows", "pad-rank1", "endless-3-ranks"],
+)
+def test_state_dict_is_the_serde_state_at_every_step(small, settings):
+    """The direct build (fixed fields converted once per stream) equals the serde tree after
+    every item across epoch ends, after skips, after load_state_dict and after set_epoch."""
+    rows = settings["output"] == "python"
+    ds = make_ds(small.root, settings)
+    endless = "epochs" in settings and settings["epochs"] is None
+    n = check_along(ds, 130 if rows or endless else None, "pass", rows)
+    assert n > 40
+    # skips: records in the state, one stream throughout
+    ds = make_ds(small.root, settings)
+    it = iter(ds)
+    check_along(ds, 5, "before skip", rows, it)
+    ds.skip(3)
+    check_along(ds, 4, "after skip", rows, it)
+    ds.skip(2)
+    check_along(ds, 2, "after second skip", rows, it)
+    assert len(ds.state_dict()["skips"]) == 2
+    saved = pickle.loads(pickle.dumps(ds.state_dict()))
+    # load_state_dict: a new stream from the loaded position, its head made again
+    ds2 = make_ds(small.root, settings)
+    ds2.load_state_dict(saved)
+    check_along(ds2, 30, "after load", rows)
+    # set_epoch: another pass, another first_epoch in the head
+    ds3 = make_ds(small.root, settings)
+    ds3.set_epoch(5)
+    check_along(ds3, 8, "after set_epoch", rows)
+    assert ds3.state_dict()["first_epoch"] == 5
+    # two streams with different settings alive at once keep their own heads
+    other = make_ds(small.root, dict(settings, seed=77))
+    check_along(other, 3, "other", rows)
+    check_along(ds3, 3, "set_epoch again", rows)
+    assert other.state_dict()["settings"]["seed"] == 77 and other.state_dict()["first_epoch"] == 0
+
+
+def test_state_dict_is_the_serde_state_after_an_elastic_resume(small):
+    """Specs (ranges, injected rows) are built field by field too."""
+    base = dict(output="arrow", shuffle_buffer=20, seed=5, batch_size=5, epochs=2, even=None)
+    states = []
+    for r in range(3):
+        ds = make_ds(small.root, dict(base, rank=r, world_size=3))
+        take(iter(ds), 2 + r)
+        states.append(ds.state_dict())
+    ds = make_ds(small.root, dict(base, rank=0, world_size=2))
+    ds.load_state_dict(states)
+    it = iter(ds)
+    next(it)
+    assert ds.state_dict()["position"]["specs"], "no spec: not an elastic resume"
+    check_along(ds, None, "elastic")
+
+
+def test_state_dict_is_the_serde_state_with_packing(small):
+    from shardstream import Pack
+
+    s = dict(columns=["id", "tokens"], output="numpy", batch_size=2, shuffle_buffer=6, seed=1)
+    ds = make_ds(small.root, dict(s, pack=Pack(column="tokens", seq_len=16, algorithm="best_fit")))
+    check_along(ds, 20, "pack")
+    st = ds.state_dict()
+    assert "pack" in st["settings"] and "pack" in st["position"]
+
+
+def test_state_dicts_share_no_mutable_part(small):
+    """The fixed fields are copied into every state: editing one state changes no other."""
+    ds = make_ds(small.root, dict(output="arrow", batch_size=8, shuffle_buffer=5, seed=1))
+    it = iter(ds)
+    next(it)
+    a = ds.state_dict()
+    want = pickle.dumps(ds.state_dict())
+    for part in ("fingerprint", "settings", "slot", "position"):
+        a[part]["poked"] = 1
+        a[part].pop(next(iter(a[part])))
+    a["skips"].append("x")
+    a.clear()
+    assert pickle.dumps(ds.state_dict()) == want

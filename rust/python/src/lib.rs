@@ -1,7 +1,8 @@
 //! `shardstream._core`: thin bindings over `shardstream-core`, one file per exposed class
 //! (`catalog.rs`, `settings.rs`, `resume.rs`, `stream.rs`, `iter.rs`; for mixtures `mixture.rs`,
 //! `mix_resume.rs`, `mix_stream.rs`; the map-style `access.rs` and `sampler.rs`), conversions
-//! in `convert.rs` and errors in `error.rs`.
+//! in `convert.rs` (a stream's per-step `state_dict()` in `state_dict.rs`) and errors in
+//! `error.rs`.
 //! Behaviour belongs in the core; every call that reads, decodes or validates releases the GIL.
 //! This file only registers.
 
@@ -16,6 +17,7 @@ mod mixture;
 mod resume;
 mod sampler;
 mod settings;
+mod state_dict;
 mod stream;
 
 use pyo3::prelude::*;

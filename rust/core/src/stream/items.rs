@@ -2,6 +2,7 @@
 //! chunks in row mode), skips recorded in the state, recorded skips replayed, and the saved
 //! state itself. One call per user action crosses into the core.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -11,7 +12,7 @@ use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::resume::Resume;
 use crate::settings::{Layout, Settings, StreamOptions, Tuning, DEFAULTS};
-use crate::state::envelope::{parse_stream, PositionRecord, StreamState};
+use crate::state::envelope::{parse_stream, PositionRecord, SkipRecord, SlotRecord, StreamState};
 use crate::state::ids_to_latin1;
 
 impl Stream {
@@ -151,8 +152,10 @@ impl Stream {
     }
 
     /// [`Self::checkpoint`] with the buffer's row ids beside the state instead of in it (its
-    /// `position.buffer` text is empty): `state_dict()` makes their Latin-1 `str` from their
-    /// bytes itself, so a per-step snapshot encodes nothing in proportion to the buffer.
+    /// `position.buffer` text is empty): the binding makes their Latin-1 `str` from their bytes
+    /// itself (a mixture's `state_dict()`), so a snapshot encodes nothing in proportion to the
+    /// buffer. A stream's own `state_dict()` uses [`Self::checkpoint_head`] and
+    /// [`Self::checkpoint_parts`] instead, which copy neither the ids nor the fixed fields.
     pub fn checkpoint_ids(&mut self, within: Option<usize>) -> Result<(StreamState, Vec<u64>)> {
         let (st, ids) = self.snapshot(within)?;
         let seek = self.seek_of(&st);
@@ -168,6 +171,51 @@ impl Stream {
             self.skips.records(),
         );
         Ok((state, ids))
+    }
+
+    /// What every checkpoint of this stream holds besides its position and skips: `format`,
+    /// `version`, `fingerprint`, `settings`, `first_epoch` and `slot`, none of which can change
+    /// while the stream lives (its catalog, settings, pass and slot are fixed when it is made;
+    /// `set_epoch` or `load_state_dict` make a new stream). `position` is `None` and `skips`
+    /// empty here: [`Self::checkpoint_parts`] has them.
+    pub fn checkpoint_head(&self) -> StreamState {
+        let mut st = StreamState::new(
+            &self.catalog,
+            &self.settings,
+            self.opts.first_epoch,
+            None,
+            Vec::new(),
+        );
+        st.slot = Some(SlotRecord {
+            index: self.slot.index,
+            count: self.slot.count,
+            even: self.opts.even.name().into(),
+        });
+        st
+    }
+
+    /// The rest of [`Self::checkpoint`] after [`Self::checkpoint_head`]: the position (its
+    /// `buffer` text empty), the buffer's row ids, and the skip history. After the last
+    /// returned item (`within = None`) the ids are the buffer's own, borrowed, not copied: the
+    /// caller makes their text while it holds the stream.
+    pub fn checkpoint_parts(&self, within: Option<usize>) -> Result<CheckpointParts<'_>> {
+        let (st, ids) = match within {
+            Some(k) => {
+                let mut st = self.state_within_batch(k)?;
+                let ids = std::mem::take(&mut st.buffer);
+                (st, Cow::Owned(ids))
+            }
+            None => (
+                self.state_without_buffer(),
+                Cow::Borrowed(self.buffer.rows.as_slice()),
+            ),
+        };
+        let seek = self.seek_of(&st);
+        Ok(CheckpointParts {
+            position: PositionRecord::of(&st, String::new(), seek),
+            ids,
+            skips: self.skips.records(),
+        })
     }
 
     /// Where the next stream of this dataset starts: here (`within` rows into the last chunk),
@@ -194,6 +242,16 @@ impl Stream {
             self.replay.clone(),
         ))
     }
+}
+
+/// A checkpoint without its fixed fields ([`Stream::checkpoint_parts`]).
+#[derive(Debug)]
+pub struct CheckpointParts<'a> {
+    /// `position`, with an empty `buffer` text.
+    pub position: PositionRecord,
+    /// The shuffle buffer's row ids, in buffer order.
+    pub ids: Cow<'a, [u64]>,
+    pub skips: Vec<SkipRecord>,
 }
 
 /// A checkpoint's single state rewritten as if its stream had skipped `n` more items.

@@ -17,7 +17,7 @@
 mod input;
 mod items;
 mod packed;
-pub use items::skip_state;
+pub use items::{skip_state, CheckpointParts};
 mod slab;
 
 use std::sync::Arc;
@@ -908,6 +908,45 @@ mod tests {
                 let expect = if k == 0 { a.batch_start.clone().unwrap() } else { b.state() };
                 prop_assert_eq!(a.state_within_batch(k).unwrap(), expect);
             }
+        }
+    }
+
+    /// `checkpoint_head` and `checkpoint_parts` (what a stream's `state_dict()` is built from)
+    /// put together are `checkpoint`, at every step, across epoch ends and after a skip.
+    #[test]
+    fn checkpoint_parts_reassemble_the_checkpoint() {
+        use crate::state::envelope::StreamState;
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[23, 0, 17], 4);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        for shuffle in [0, 7] {
+            let slot = Slot::new(1, 2).unwrap();
+            let mut s = Stream::new(cat.clone(), opts(shuffle, 1, 3), slot).unwrap();
+            let head = s.checkpoint_head();
+            let mut steps = 0;
+            loop {
+                let parts = s.checkpoint_parts(None).unwrap();
+                let mut position = parts.position.clone();
+                position.buffer = crate::state::ids_to_latin1(&parts.ids);
+                let st = StreamState {
+                    position: Some(position),
+                    skips: parts.skips.clone(),
+                    ..head.clone()
+                };
+                assert_eq!(
+                    st,
+                    s.checkpoint(None).unwrap(),
+                    "shuffle {shuffle}, step {steps}"
+                );
+                if steps == 3 {
+                    s.skip_items(2, None).unwrap();
+                }
+                if s.next_batch(4).unwrap().is_none() {
+                    break;
+                }
+                steps += 1;
+            }
+            assert!(steps > 10, "{steps}");
         }
     }
 
