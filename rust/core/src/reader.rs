@@ -150,11 +150,10 @@ thread_local! {
 
 /// The buffer a thread reads its next local piece's pages into: the previous piece's, once
 /// nothing holds a slice of it. A new buffer per piece was written on fresh pages, a page fault
-/// (and the kernel zeroing the page) per 4 KiB: glibc hands pieces of a few MiB back to the
-/// kernel when they are freed (its trim and mmap thresholds), so every piece faulted its pages
-/// in again; those faults were ~45% of a flat pass's (docs/benchmarks.md). Per thread, so no
-/// lock: a readahead thread's goes when it ends; the caller's thread (`readahead_threads=0`,
-/// random access) keeps one, of at most [`MAX_SPARE_BYTES`].
+/// (and the kernel zeroing the page) per 4 KiB, every piece again: a flat pass without readahead
+/// took 5.1k faults before, 0.24k after (docs/benchmarks.md, 2026-12-02 session 9). Per
+/// thread, so no lock: a readahead thread's goes when it ends; the caller's thread
+/// (`readahead_threads=0`, random access) keeps one, of at most [`MAX_SPARE_BYTES`].
 struct Spare;
 
 impl Spare {
