@@ -708,6 +708,7 @@ mod tests {
     /// A read buffer is read into again only once nothing holds a slice of it, and what a
     /// consumer still holds keeps its bytes.
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // (lists of byte ranges to read, some of one)
     fn a_read_buffer_is_reused_only_once_free() {
         SPARE.with(Cell::take); // (tests may share a thread)
         let dir = tempfile::tempdir().unwrap();
