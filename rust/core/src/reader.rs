@@ -9,10 +9,12 @@
 //! the selected pages first and decode from memory: see `open_pushed_row_group`. An IPC shard's
 //! unit is one record batch (`open_ipc_batch`).
 
+use std::cell::Cell;
 use std::fs::File;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
+use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelector};
 
 use crate::catalog::{ipc, Catalog, Shard};
@@ -26,6 +28,9 @@ pub struct SegmentReader {
     shard: usize,
     row_group: usize,
     inner: Batches,
+    /// The buffers the piece's pages were read into, handed back (see [`Spare`]) when the reader
+    /// is dropped.
+    held: Vec<Bytes>,
     /// Per output column: check its UTF-8 after decoding (see [`utf8_check`]).
     checks: Vec<bool>,
     next_row: u64,
@@ -45,6 +50,7 @@ impl SegmentReader {
         let shard = catalog.shard(seg.shard);
         let batch_rows = batch_rows.max(1);
         let lead = batch_rows - (piece.pos % batch_rows as u64) as usize;
+        let mut held = Vec::new();
         let inner = shard_guard(&shard.path, || {
             open_row_group(
                 &catalog,
@@ -53,15 +59,24 @@ impl SegmentReader {
                 selection,
                 batch_rows,
                 &shard.roots,
+                &mut held,
             )
             .map(|b| b.with_first_batch(lead))
-        })?;
+        });
+        let inner = match inner {
+            Ok(b) => b,
+            Err(e) => {
+                Spare::recycle(held);
+                return Err(e);
+            }
+        };
         let checks = utf8_checks(shard)?;
         Ok(SegmentReader {
             shard: seg.shard,
             catalog,
             row_group: seg.row_group,
             inner,
+            held,
             checks,
             next_row: seg.first_row,
             remaining: seg.len,
@@ -117,6 +132,63 @@ impl SegmentReader {
     }
 }
 
+impl Drop for SegmentReader {
+    fn drop(&mut self) {
+        // The decoders hold slices of the piece's buffers: gone first, so they can be reused.
+        self.inner = Batches::Ipc(Vec::new().into_iter());
+        Spare::recycle(std::mem::take(&mut self.held));
+    }
+}
+
+/// Most bytes of spare read buffer a thread keeps between pieces (a local piece holds at most
+/// `prefetch::MAX_PIECE_BYTES` of pages, more only when one segment alone is larger).
+const MAX_SPARE_BYTES: usize = 16 << 20;
+
+thread_local! {
+    static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// The buffer a thread reads its next local piece's pages into: the previous piece's, once
+/// nothing holds a slice of it. A new buffer per piece was written on fresh pages, a page fault
+/// (and the kernel zeroing the page) per 4 KiB, every piece again: a flat pass without readahead
+/// took 5.1k faults before, 0.24k after (docs/benchmarks.md, 2026-12-02 session 9). Per
+/// thread, so no lock: a readahead thread's goes when it ends; the caller's thread
+/// (`readahead_threads=0`, random access) keeps one, of at most [`MAX_SPARE_BYTES`].
+struct Spare;
+
+impl Spare {
+    /// An empty buffer of at least `n` bytes' capacity.
+    fn take(n: usize) -> Vec<u8> {
+        let mut buf = SPARE.with(Cell::take);
+        buf.clear();
+        if buf.capacity() < n {
+            // (not `reserve`: a realloc would copy the old, unused contents)
+            buf = Vec::with_capacity(n);
+        }
+        buf
+    }
+
+    /// Keep the largest of `held` that nothing else refers to any more.
+    fn recycle(held: Vec<Bytes>) {
+        for b in held {
+            if let Ok(mut m) = b.try_into_mut() {
+                m.clear(); // (so that turning it back into a Vec moves no bytes)
+                let v = Vec::from(m);
+                if v.capacity() <= MAX_SPARE_BYTES {
+                    SPARE.with(|s| {
+                        let old = s.take();
+                        s.set(if old.capacity() >= v.capacity() {
+                            old
+                        } else {
+                            v
+                        });
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// Decoded batches of one unit as (rows, projected columns in the shard's own order), whatever
 /// the format.
 enum Batches {
@@ -151,6 +223,7 @@ fn open_row_group(
     selection: Vec<RowSelector>,
     batch_rows: usize,
     roots: &[usize],
+    held: &mut Vec<Bytes>,
 ) -> Result<Batches> {
     let shard = catalog.shard(s);
     if let Some(index) = shard.ipc() {
@@ -158,7 +231,7 @@ fn open_row_group(
         return Ok(Batches::Ipc(batches));
     }
     Ok(Batches::Parquet(Box::new(open_parquet_row_group(
-        shard, row_group, selection, batch_rows, roots,
+        shard, row_group, selection, batch_rows, roots, held,
     )?)))
 }
 
@@ -235,6 +308,7 @@ fn open_parquet_row_group(
     selection: Vec<RowSelector>,
     batch_rows: usize,
     roots: &[usize],
+    held: &mut Vec<Bytes>,
 ) -> Result<decode::Batches> {
     let meta = shard.reader_meta()?;
     if let Some(obj) = &shard.object {
@@ -261,7 +335,7 @@ fn open_parquet_row_group(
             selection,
             batch_rows,
             roots,
-            |r, _| read_ranges(&file, &shard.path, r),
+            |r, _| read_ranges(&file, &shard.path, r, held),
         );
     }
     // Without an offset index a piece is a whole row group: stream it page by page instead.
@@ -270,31 +344,37 @@ fn open_parquet_row_group(
     })
 }
 
-/// `ranges` of a local file. The file was opened for this piece alone, so its position is ours
-/// to move; `read_to_end` into reserved capacity skips zero-filling every buffer first.
+/// `ranges` of a local file, read one after the other into one buffer ([`Spare`]; kept in
+/// `held` too, to be handed back). The file was opened for this piece alone, so its position is
+/// ours to move; `read_to_end` into reserved capacity skips zero-filling the buffer first.
 fn read_ranges(
     mut file: &File,
     path: &std::path::Path,
     ranges: Vec<std::ops::Range<u64>>,
-) -> Result<Vec<bytes::Bytes>> {
+    held: &mut Vec<Bytes>,
+) -> Result<Vec<Bytes>> {
     use std::io::{Read, Seek, SeekFrom};
-    ranges
-        .into_iter()
-        .map(|r| {
-            let n = (r.end - r.start) as usize;
-            let mut buf = Vec::with_capacity(n);
-            file.seek(SeekFrom::Start(r.start))
-                .and_then(|_| file.take(n as u64).read_to_end(&mut buf))
-                .map_err(|e| Error::io(path, e))?;
-            if buf.len() != n {
-                return Err(Error::shard(
-                    path,
-                    format!("file ended inside bytes {}..{}", r.start, r.end),
-                ));
-            }
-            Ok(bytes::Bytes::from(buf))
-        })
-        .collect()
+    let total = ranges.iter().map(|r| (r.end - r.start) as usize).sum();
+    let mut buf = Spare::take(total);
+    let mut parts = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        let n = (r.end - r.start) as usize;
+        let at = buf.len();
+        file.seek(SeekFrom::Start(r.start))
+            .and_then(|_| file.take(n as u64).read_to_end(&mut buf))
+            .map_err(|e| Error::io(path, e))?;
+        if buf.len() - at != n {
+            return Err(Error::shard(
+                path,
+                format!("file ended inside bytes {}..{}", r.start, r.end),
+            ));
+        }
+        parts.push(at..at + n);
+    }
+    let all = Bytes::from(buf);
+    let out = parts.into_iter().map(|p| all.slice(p)).collect();
+    held.push(all);
+    Ok(out)
 }
 
 /// The read from memory (every remote shard, local shards with an offset index): the pages
@@ -547,7 +627,16 @@ fn read_group_inner(
     }
     let mut out = Vec::new();
     let mut got = 0u64;
-    let mut batches = open_row_group(catalog, s, g, selection, batch_rows, &shard.roots)?;
+    let mut held = Vec::new();
+    let mut batches = open_row_group(
+        catalog,
+        s,
+        g,
+        selection,
+        batch_rows,
+        &shard.roots,
+        &mut held,
+    )?;
     let checks = utf8_checks(shard)?;
     while let Some((n, columns)) = batches
         .next_batch()
@@ -556,6 +645,8 @@ fn read_group_inner(
         got += n as u64;
         out.push(to_output(catalog, shard, &checks, n, columns)?);
     }
+    drop(batches);
+    Spare::recycle(held);
     if got != ids.len() as u64 {
         return Err(Error::shard(
             &shard.path,
@@ -581,7 +672,8 @@ pub fn read_column(
     let field = catalog.schema().field(column);
     shard_guard(&shard.path, || {
         let mut out = Vec::new();
-        let mut batches = open_row_group(catalog, s, g, selection, batch_rows, &[root])?;
+        let mut held = Vec::new();
+        let mut batches = open_row_group(catalog, s, g, selection, batch_rows, &[root], &mut held)?;
         let check = utf8_check(shard, root)?;
         while let Some((_, columns)) = batches
             .next_batch()
@@ -590,6 +682,97 @@ pub fn read_column(
             // As to_output does for whole batches: checked and cast to the output type.
             out.push(output_column(shard, field, &columns[0], check)?);
         }
+        drop(batches);
+        Spare::recycle(held);
         Ok(out)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Segment;
+    use crate::prefetch::Piece;
+    use crate::test_util::{ids, write_shards};
+
+    /// This thread's spare buffer: (address, capacity).
+    fn spare() -> (usize, usize) {
+        SPARE.with(|s| {
+            let v = s.take();
+            let r = (v.as_ptr() as usize, v.capacity());
+            s.set(v);
+            r
+        })
+    }
+
+    /// A read buffer is read into again only once nothing holds a slice of it, and what a
+    /// consumer still holds keeps its bytes.
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // (lists of byte ranges to read, some of one)
+    fn a_read_buffer_is_reused_only_once_free() {
+        SPARE.with(Cell::take); // (tests may share a thread)
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let f = File::open(&path).unwrap();
+        let mut held = Vec::new();
+        let parts = read_ranges(&f, &path, vec![100..300, 5000..9000], &mut held).unwrap();
+        assert_eq!(&parts[0][..], &data[100..300]);
+        assert_eq!(&parts[1][..], &data[5000..9000]);
+        let first = held[0].as_ptr() as usize;
+        let kept = parts[1].clone();
+        drop(parts);
+        Spare::recycle(std::mem::take(&mut held));
+        assert_eq!(spare().1, 0, "a buffer still referred to was kept");
+        let parts = read_ranges(&f, &path, vec![0..4200], &mut held).unwrap();
+        let second = held[0].as_ptr() as usize;
+        assert_ne!(second, first);
+        assert_eq!(&parts[0][..], &data[..4200]);
+        assert_eq!(&kept[..], &data[5000..9000]);
+        drop(parts);
+        Spare::recycle(std::mem::take(&mut held));
+        assert_eq!(spare().0, second, "a free buffer was not kept");
+        // A smaller read goes into it, at its start.
+        let parts = read_ranges(&f, &path, vec![10..20, 19_000..19_990], &mut held).unwrap();
+        assert_eq!(held[0].as_ptr() as usize, second);
+        assert_eq!(&parts[0][..], &data[10..20]);
+        assert_eq!(&parts[1][..], &data[19_000..19_990]);
+        // A range past the end of the file is an error naming it.
+        let e = read_ranges(&f, &path, vec![19_990..20_010], &mut Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("19990..20010"), "{e}");
+    }
+
+    /// A piece's reader, once dropped, leaves its read buffer to the next piece of the thread,
+    /// and pieces read through reused buffers give exactly their rows.
+    #[test]
+    fn a_finished_piece_hands_its_buffer_on() {
+        SPARE.with(Cell::take);
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[40], 10);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        let shard = cat.shard(0);
+        assert!(shard.has_offset_index());
+        let mut got = Vec::new();
+        for g in [0, 1, 3, 2] {
+            let seg = Segment {
+                shard: 0,
+                row_group: g,
+                start: 1,
+                len: 9,
+                first_row: shard.first_row + shard.row_groups[g].first_row + 1,
+            };
+            let mut r = SegmentReader::open(cat.clone(), &Piece { seg, pos: 0 }, 4).unwrap();
+            while let Some((_, b)) = r.next_batch().unwrap() {
+                got.extend(ids(&b));
+            }
+            drop(r);
+            assert!(spare().1 > 0, "row group {g} left no buffer");
+        }
+        let want: Vec<i64> = [0i64, 1, 3, 2]
+            .iter()
+            .flat_map(|g| g * 10 + 1..g * 10 + 10)
+            .collect();
+        assert_eq!(got, want);
+    }
 }

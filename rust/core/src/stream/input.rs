@@ -106,6 +106,9 @@ impl Input {
                             return Ok(Some(b));
                         }
                     }
+                    // The last piece's reader goes first: its read buffer is then the next
+                    // one's (reader.rs, `Spare`).
+                    *reader = None;
                     match segments.next() {
                         Some(seg) => {
                             *reader = Some(SegmentReader::open(
