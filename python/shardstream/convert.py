@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from . import _rows
 
-__all__ = ["LIST_FORMATS", "OUTPUTS", "Batch", "Converter", "SplitList"]
+__all__ = ["LIST_FORMATS", "OUTPUTS", "Batch", "Converter", "SplitList", "check_output"]
 
 OUTPUTS = ("torch", "numpy", "python", "arrow")
 # How batch mode returns list<number> columns with numpy/torch output.
@@ -253,6 +253,20 @@ def _register_pipe_reducer() -> None:
     ForkingPickler.register(Batch, _reduce_batch_for_pipe)
 
 
+def check_output(output: str, list_format: str) -> None:
+    """A clear ``ValueError`` for an unknown ``output`` or ``list_format`` or a pair that does
+    not go together. Datasets call it when they are made; it imports nothing, so a dataset
+    whose own output is never used (a Mixture's source, whose default output is "torch") does
+    not import torch: a :class:`Converter` for torch output does, when one is made to iterate.
+    """
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if list_format not in LIST_FORMATS:
+        raise ValueError(f"list_format must be one of {LIST_FORMATS}, got {list_format!r}")
+    if list_format == "nested" and output != "torch":
+        raise ValueError('list_format="nested" needs output="torch"')
+
+
 class Converter:
     """Converts batches of one schema to one output kind.
 
@@ -264,12 +278,7 @@ class Converter:
     """
 
     def __init__(self, output: str, schema: pa.Schema, list_format: str = "split") -> None:
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-        if list_format not in LIST_FORMATS:
-            raise ValueError(f"list_format must be one of {LIST_FORMATS}, got {list_format!r}")
-        if list_format == "nested" and output != "torch":
-            raise ValueError('list_format="nested" needs output="torch"')
+        check_output(output, list_format)
         self.output = output
         # batch() returns its argument: the iterator (``_core.RawIter``) then skips the call
         self.passthrough = output == "arrow"

@@ -33,7 +33,7 @@ from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
 from ._iterator import StreamIterator, make_iterator
-from .convert import OUTPUTS, Converter
+from .convert import OUTPUTS, Converter, check_output
 from .errors import StateError
 from .integrations import accelerate as _accelerate
 from .pack import Pack, PackConverter
@@ -180,7 +180,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-        Converter(output, pa.schema([]), list_format)  # validates output/list_format early
+        check_output(output, list_format)  # imports nothing (torch only when iterated)
         _torch.register_if_loaded(ParquetStream)  # in case the import hook could not run
         self._settings_args: dict[str, Any] = dict(
             seed=seed,

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from . import _core
 from ._core import RawCatalog, RawRows
-from .convert import OUTPUTS, Converter
+from .convert import OUTPUTS, Converter, check_output
 from .dataset import _sources, _storage_options
 from .errors import StateError
 
@@ -162,7 +162,7 @@ class ParquetRows:
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-        Converter(output, pa.schema([]), list_format)  # validates output/list_format early
+        check_output(output, list_format)  # imports nothing (torch only when iterated)
         self._sources = _sources(source)
         self._storage_options = _storage_options(storage_options)
         if isinstance(columns, str):

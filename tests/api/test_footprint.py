@@ -129,9 +129,10 @@ def test_mixture_without_torch_then_torch_imported(data):
         f"""
         import sys
         from shardstream import Mixture, ParquetStream
-        # A source's own output is not used by the mixture; its default ("torch") imports torch.
-        src = {{"a": ParquetStream({data!r}, columns=["id"], output="numpy"),
-                "b": ParquetStream({data!r}, columns=["id"], shuffle_buffer=5, output="numpy")}}
+        # A source's own output is not used by the mixture: its default ("torch") imports
+        # nothing until the source itself is iterated.
+        src = {{"a": ParquetStream({data!r}, columns=["id"]),
+                "b": ParquetStream({data!r}, columns=["id"], shuffle_buffer=5)}}
         m = Mixture(src, weights={{"a": 1, "b": 1}}, batch_size=4, output="numpy",
                     on_exhausted="drop")
         n = sum(len(b["id"]) for b in m)
