@@ -33,7 +33,7 @@ from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
 from ._iterator import StreamIterator, make_iterator
-from .convert import OUTPUTS, Converter, check_output
+from .convert import Converter, check_output
 from .errors import StateError
 from .integrations import accelerate as _accelerate
 from .pack import Pack, PackConverter
@@ -178,8 +178,6 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         storage_options: Mapping[str, str] | None = None,
         pack: Pack | None = None,
     ) -> None:
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         check_output(output, list_format)  # imports nothing (torch only when iterated)
         _torch.register_if_loaded(ParquetStream)  # in case the import hook could not run
         self._settings_args: dict[str, Any] = dict(

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from . import _core
 from ._core import RawCatalog, RawRows
-from .convert import OUTPUTS, Converter, check_output
+from .convert import Converter, check_output
 from .dataset import _sources, _storage_options
 from .errors import StateError
 
@@ -160,8 +160,6 @@ class ParquetRows:
         threads: int | None = None,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         check_output(output, list_format)  # imports nothing (torch only when iterated)
         self._sources = _sources(source)
         self._storage_options = _storage_options(storage_options)

@@ -27,7 +27,7 @@ from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawMixResume, RawMixStream, RawMixture
 from ._iterator import StreamIterator, make_iterator
-from .convert import OUTPUTS, Converter, check_output
+from .convert import Converter, check_output
 from .dataset import ParquetStream
 from .errors import StateError
 from .pack import Pack, PackConverter
@@ -295,8 +295,6 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
                     "combine='by_source' does not apply to packing sources: items are packed "
                     "rows, each from one source (its source_ids column says which)"
                 )
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         check_output(output, list_format)  # imports nothing (torch only when iterated)
         for name, v, allowed in (
             ("mixing", mixing, _MIXINGS),
