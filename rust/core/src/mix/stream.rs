@@ -261,7 +261,8 @@ impl MixStream {
     }
 
     /// Exactly `n` rows of source `s` (the mixer counted them as there), in the batches its
-    /// stream gave them (`locate`: a shuffled source's as located rows, `Stream::next_rows`).
+    /// stream gave them (`locate`: a shuffled source's as located rows, a plain source's as slices of
+    /// its decoded batches, never concatenated: `Stream::next_rows`).
     fn pull(&mut self, s: usize, n: u64, locate: bool) -> Result<Vec<Rows>> {
         let stream = &mut self.streams[s];
         let mut got = 0u64;

@@ -476,10 +476,12 @@ impl Stream {
         }
     }
 
-    /// The rows [`Stream::next_batch`] would return; with `locate`, a shuffled stream returns
-    /// where they are in its retained batches instead of copying them ([`Rows::Located`]), so
-    /// that a mixture copies each row once, into its mixed batch. The stream's position moves
-    /// on exactly as with `next_batch`.
+    /// The rows [`Stream::next_batch`] would return, or with `locate` the first of them: a
+    /// shuffled stream returns where they are in its retained batches instead of copying them
+    /// ([`Rows::Located`]), and an unshuffled one at most the rest of its current decoded batch
+    /// (a zero-copy slice; the caller asks again for the others) instead of concatenating
+    /// slices of two decoded batches, so that a mixture copies each row once, into its mixed
+    /// batch. The stream's position moves on by the rows returned, as with `next_batch`.
     pub fn next_rows(&mut self, max_rows: usize, locate: bool) -> Result<Option<Rows>> {
         let max_rows = max_rows.max(1);
         loop {
@@ -501,7 +503,7 @@ impl Stream {
             self.batch_start = Some(self.state());
         }
         let out = if self.opts.shuffle_buffer == 0 {
-            Rows::Batch(self.next_plain(max_rows)?)
+            Rows::Batch(self.next_plain(max_rows, !locate)?)
         } else {
             self.next_shuffled(max_rows, locate)?
         };
@@ -540,7 +542,9 @@ impl Stream {
         Ok(self.data.as_mut().expect("just set"))
     }
 
-    fn next_plain(&mut self, max_rows: usize) -> Result<RecordBatch> {
+    /// Up to `max_rows` rows in order; without `whole`, only those of the current decoded
+    /// batch (never a concatenation).
+    fn next_plain(&mut self, max_rows: usize, whole: bool) -> Result<RecordBatch> {
         let want = (max_rows as u64).min(self.spec.output_len() - self.emitted) as usize;
         let track = self.track_ids;
         let mut ids = std::mem::take(&mut self.ids);
@@ -555,7 +559,7 @@ impl Stream {
                 let first = data.input.first_row + (data.input.offset - part.num_rows()) as u64;
                 ids.extend(first..first + part.num_rows() as u64);
             }
-            if got == want && parts.is_empty() {
+            if (got == want || !whole) && parts.is_empty() {
                 break Some(part); // one slice of one decoded batch: the usual case
             }
             parts.push(part);
@@ -882,6 +886,39 @@ mod tests {
                 want.extend_from_slice(&reference[cut.max(want.len())..]);
                 prop_assert_eq!(got, want);
             }
+        }
+
+        /// Asked to `locate`, an unshuffled stream hands over one slice of one decoded batch at
+        /// a time (never a concatenation: a mixture copies each row once), and those slices are
+        /// exactly the rows `next_batch` gives, with the same position after each batch.
+        #[test]
+        fn located_plain_rows_are_slices_of_one_decoded_batch(
+            rows in proptest::collection::vec(0usize..40, 1..5), rg in 1usize..15,
+            bs in 1usize..13, threads in 0usize..3,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let files = write_shards(dir.path(), &rows, rg);
+            let cat = Arc::new(Catalog::open(&files, None).unwrap());
+            let slot = Slot::new(0, 1).unwrap();
+            let o = opts(0, threads, 2);
+            let mut r = Stream::new(cat.clone(), o.clone(), slot).unwrap();
+            let mut s = Stream::new(cat.clone(), o.clone(), slot).unwrap();
+            while let Some(want) = r.next_batch(bs).unwrap() {
+                let want = ids(&want);
+                let mut got = Vec::new();
+                while got.len() < want.len() {
+                    match s.next_rows(want.len() - got.len(), true).unwrap() {
+                        Some(Rows::Batch(b)) => {
+                            prop_assert!(b.num_rows() >= 1 && b.num_rows() <= o.read_batch_rows);
+                            got.extend(ids(&b));
+                        }
+                        other => prop_assert!(false, "expected a batch, got {:?}", other),
+                    }
+                }
+                prop_assert_eq!(got, want);
+                prop_assert_eq!(s.state(), r.state());
+            }
+            prop_assert!(s.next_rows(bs, true).unwrap().is_none());
         }
 
         /// The state after k rows of a batch, computed on row ids alone, equals the state of a
