@@ -809,6 +809,20 @@ def in_flight_batches(readahead_threads: int | None, readahead_depth: int) -> in
     return readahead_threads * (readahead_depth + 1) + 1
 
 
+def auto_batch_rows(row_bytes: float) -> int:
+    """Rows per decoded batch with ``read_batch_rows=None`` for rows of ``row_bytes`` Arrow bytes,
+    as ``settings::auto_batch_rows`` computes them from the footers' estimate: the default
+    bytes per batch over the row's bytes, rounded down to a power of two, within 16 .. the
+    automatic maximum (the footers' estimate and the Arrow bytes can differ slightly)."""
+    from shardstream import _core
+
+    d = _core.DEFAULTS
+    rows = int(d["read_batch_bytes"] // max(row_bytes, 1e-9))
+    if rows >= d["max_auto_read_batch_rows"]:
+        return int(d["max_auto_read_batch_rows"])
+    return max(16, 1 << max(rows, 16).bit_length() - 1)
+
+
 def fmt_rate(rows: int, s: float) -> str:
     return f"{rows / s / 1e6:.2f} M rows/s ({s:.2f} s)"
 
@@ -1254,7 +1268,7 @@ class Bench:
                 rows_held = min(self.args.shuffle_buffer, self.args.rows)
                 buf = rows_held * per_row / 2**20
                 nb = in_flight_batches(None, _core.DEFAULTS["readahead_depth"])
-                brows = _core.DEFAULTS["read_batch_rows"]
+                brows = auto_batch_rows(per_row)
                 flight = nb * brows * per_row / 2**20
                 peak = summary(over)["median"]
                 note = (

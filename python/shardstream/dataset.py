@@ -115,7 +115,11 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             ``world_size * num_workers - 1`` rows per epoch, ``"pad"`` repeats up to that many,
             ``None`` yields every row exactly once and lets ranks differ by up to one row per
             slot. A single rank never drops or pads.
-        read_batch_rows: rows per decoded Parquet batch (tuning only; never changes the stream).
+        read_batch_rows: rows per decoded batch (tuning only; never changes the stream).
+            ``None`` sizes it from the footers: about 4 MiB of the selected columns' decoded
+            bytes per row, rounded down to a power of two, within 16 .. 16,384 rows (2,048
+            for ``[id, tokens]`` rows of ~1.2 KB, 16,384 for 16-byte ``[id, score]`` rows);
+            for Arrow IPC shards at least 2,048 (a record batch is decoded whole and sliced).
         readahead_threads: background decoding threads per iterator (``0`` decodes in the
             caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1, 8
             for URL sources, and 0 when every shard is a local uncompressed Arrow IPC file or
@@ -172,7 +176,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         rank: int | None = None,
         world_size: int | None = None,
         even: str | None = _DEFAULTS["even"],
-        read_batch_rows: int = _DEFAULTS["read_batch_rows"],
+        read_batch_rows: int | None = _DEFAULTS["read_batch_rows"],
         readahead_threads: int | None = None,
         readahead_depth: int = _DEFAULTS["readahead_depth"],
         storage_options: Mapping[str, str] | None = None,

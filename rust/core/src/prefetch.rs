@@ -309,6 +309,11 @@ impl Gate {
     }
 }
 
+/// Rows the consumer receives after a (re)start before every thread may fetch: the fixed
+/// decoded batch this was tuned with. Decoded batches sized by bytes hold up to 16k narrow
+/// rows, and waiting for that many would fetch the ramp's pieces one at a time.
+const WARM_ROWS: usize = 2048;
+
 /// Background decoding of a fixed list of pieces, consumed in order.
 pub struct Prefetcher {
     pid: u32,
@@ -320,7 +325,8 @@ pub struct Prefetcher {
     started_all: bool,
     /// Rows received so far, counted until `warm_rows`.
     received: usize,
-    /// Rows after which every thread may start (a decoded batch: the first output batch).
+    /// Rows after which every thread may start (a decoded batch, at most [`WARM_ROWS`]: about
+    /// the first output batch).
     warm_rows: usize,
     /// Index of the piece being consumed.
     piece: usize,
@@ -368,7 +374,7 @@ impl Prefetcher {
             gate,
             started_all: false,
             received: 0,
-            warm_rows: batch_rows.max(1),
+            warm_rows: batch_rows.clamp(1, WARM_ROWS),
             piece: 0,
             piece_done: false,
         })

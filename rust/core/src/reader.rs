@@ -22,6 +22,13 @@ use crate::decode;
 use crate::error::{shard_guard, Error, Result};
 use crate::prefetch::Piece;
 
+/// Rows of the first decoded batch after a (re)start, whatever the batch size: the first
+/// output batch then waits for little decoding (as the first piece is cut short for it,
+/// `FIRST_PIECE_ROWS` in `stream/input.rs`), though a local piece may be a whole row group and
+/// a decoded batch of narrow rows 16k rows. A power of two, so that output batches of a
+/// power-of-two size up to it stay slices of one decoded batch.
+pub const FIRST_BATCH_ROWS: usize = 1024;
+
 /// Reads one [`Piece`] as record batches in the catalog's output schema.
 pub struct SegmentReader {
     catalog: Arc<Catalog>,
@@ -40,7 +47,8 @@ pub struct SegmentReader {
 impl SegmentReader {
     /// A reader of `piece` in batches of `batch_rows` rows, cut on multiples of `batch_rows`
     /// counted from the start of the piece sequence (where a row group's columns all decode in
-    /// [`decode`]; arrow-rs readers cut from the piece's start).
+    /// [`decode`]; arrow-rs readers cut from the piece's start), except that the sequence's
+    /// first batch is at most [`FIRST_BATCH_ROWS`].
     pub fn open(catalog: Arc<Catalog>, piece: &Piece, batch_rows: usize) -> Result<Self> {
         let seg = &piece.seg;
         let selection = vec![
@@ -49,7 +57,10 @@ impl SegmentReader {
         ];
         let shard = catalog.shard(seg.shard);
         let batch_rows = batch_rows.max(1);
-        let lead = batch_rows - (piece.pos % batch_rows as u64) as usize;
+        let lead = match piece.pos {
+            0 => batch_rows.min(FIRST_BATCH_ROWS),
+            pos => batch_rows - (pos % batch_rows as u64) as usize,
+        };
         let mut held = Vec::new();
         let inner = shard_guard(&shard.path, || {
             open_row_group(

@@ -15,6 +15,10 @@ use crate::plan::{Even, Slot};
 
 /// Defaults of the arguments, as `(name, value)`; `None` is Python's `None`.
 pub struct Defaults {
+    /// Decoded (Arrow) bytes a decoded batch aims at when `read_batch_rows` is not set: its
+    /// rows are [`auto_batch_rows`] of the catalog's estimated bytes per row.
+    pub read_batch_bytes: usize,
+    /// Rows per decoded batch when not set and the footers say nothing of row width.
     pub read_batch_rows: usize,
     pub readahead_depth: usize,
     pub piece_rows: u64,
@@ -29,10 +33,15 @@ pub struct Defaults {
     pub row_chunk: usize,
 }
 
-/// 2048 x 8 holds as many rows in flight as 8192 x 2, in smaller batches that iterated ~14%
-/// faster in paired runs (docs/benchmarks.md); 16k-row pieces iterated 1.25-1.35x faster than
-/// 64k (a smaller working set per thread).
+/// For `[id, tokens]` (~1.2 KB a row) 2,048-row batches x depth 8 held as many rows in flight
+/// as 8192 x 2, in smaller batches that iterated ~14% faster in paired runs
+/// (docs/benchmarks.md): 4 MiB a batch, rounded down to a power of two, keeps those 2,048 rows,
+/// while a 16-byte `[id, score]` row gets [`MAX_AUTO_BATCH_ROWS`] instead of 32 KiB batches
+/// (a thread hand-off per 2,048 rows cost more than it decoded: 16,384 rows iterated
+/// 1.2-1.3x faster in wall time and ~1.1x in CPU on a quiet machine). 16k-row pieces iterated
+/// 1.25-1.35x faster than 64k (a smaller working set per thread).
 pub const DEFAULTS: Defaults = Defaults {
+    read_batch_bytes: 4 << 20,
     read_batch_rows: 2048,
     readahead_depth: 8,
     piece_rows: 16384,
@@ -47,6 +56,28 @@ pub const DEFAULTS: Defaults = Defaults {
 pub const MAX_READ_BATCH_ROWS: u64 = 1 << 20;
 pub const MAX_READAHEAD_THREADS: u64 = 256;
 pub const MAX_READAHEAD_DEPTH: u64 = 1024;
+/// Bounds of the automatic decoded batch: at most a piece's rows ([`Defaults::piece_rows`]):
+/// a flat piece is often a whole row group (~100k rows), and a batch of all of it left the
+/// consumer waiting for the whole decode (131,072 rows iterated [id, score] slower than 16,384
+/// in wall time, the same CPU: docs/benchmarks.md); at least a few rows of the widest.
+pub const MAX_AUTO_BATCH_ROWS: usize = 1 << 14;
+pub const MIN_AUTO_BATCH_ROWS: usize = 16;
+
+/// Rows per decoded batch for rows of `row_bytes` decoded bytes (`None`: unknown):
+/// [`Defaults::read_batch_bytes`] of them, rounded down to a power of two (so that output
+/// batches of a power-of-two size are slices of one decoded batch) within
+/// [`MIN_AUTO_BATCH_ROWS`]..=[`MAX_AUTO_BATCH_ROWS`]; [`Defaults::read_batch_rows`] if unknown.
+pub fn auto_batch_rows(row_bytes: Option<f64>) -> usize {
+    let Some(b) = row_bytes.filter(|b| b.is_finite() && *b > 0.0) else {
+        return DEFAULTS.read_batch_rows;
+    };
+    let rows = (DEFAULTS.read_batch_bytes as f64 / b).floor();
+    if rows >= MAX_AUTO_BATCH_ROWS as f64 {
+        return MAX_AUTO_BATCH_ROWS;
+    }
+    let rows = (rows as usize).max(MIN_AUTO_BATCH_ROWS);
+    (1usize << rows.ilog2()).clamp(MIN_AUTO_BATCH_ROWS, MAX_AUTO_BATCH_ROWS)
+}
 
 /// What shapes the stream: everything a saved state must match.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +100,8 @@ pub struct Settings {
 /// Knobs that never change the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tuning {
-    pub read_batch_rows: usize,
+    /// `None` = automatic (see [`Tuning::batch_rows`]).
+    pub read_batch_rows: Option<usize>,
     /// `None` = automatic (see [`Tuning::threads`]).
     pub readahead_threads: Option<usize>,
     pub readahead_depth: usize,
@@ -79,7 +111,7 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
-            read_batch_rows: DEFAULTS.read_batch_rows,
+            read_batch_rows: None,
             readahead_threads: None,
             readahead_depth: DEFAULTS.readahead_depth,
             piece_rows: DEFAULTS.piece_rows,
@@ -88,6 +120,24 @@ impl Default for Tuning {
 }
 
 impl Tuning {
+    /// Rows per decoded batch of a stream over `catalog`: the setting, or [`auto_batch_rows`]
+    /// of the catalog's decoded bytes per row ([`Catalog::row_bytes`]). For Arrow IPC shards
+    /// at least [`Defaults::read_batch_rows`]: a record batch is decoded (or mapped) whole
+    /// whatever this says and cut into zero-copy slices of this many rows, and the estimate
+    /// counts every column of the file, not only the projected ones, so fewer rows would save
+    /// no memory and could make output batches copies gathered from several slices.
+    ///
+    /// [`Catalog::row_bytes`]: crate::catalog::Catalog::row_bytes
+    pub fn batch_rows(&self, catalog: &crate::catalog::Catalog) -> usize {
+        match self.read_batch_rows {
+            Some(r) => r,
+            None if catalog.all_ipc() => {
+                auto_batch_rows(catalog.row_bytes()).max(DEFAULTS.read_batch_rows)
+            }
+            None => auto_batch_rows(catalog.row_bytes()),
+        }
+    }
+
     /// Readahead threads for an iterator: the setting, or for object stores
     /// [`Defaults::remote_readahead_threads`] (they wait on the network, not the CPU), or
     /// `min(max_local, cores / workers)`, at least 1.
@@ -125,7 +175,7 @@ pub struct Args {
     pub drop_last: bool,
     pub epochs: Option<i128>,
     pub even: Option<String>,
-    pub read_batch_rows: i128,
+    pub read_batch_rows: Option<i128>,
     pub readahead_threads: Option<i128>,
     pub readahead_depth: i128,
 }
@@ -203,13 +253,19 @@ impl Settings {
             pack: None,
         };
         let tuning = Tuning {
-            read_batch_rows: int_in(
-                "read_batch_rows",
-                a.read_batch_rows,
-                1,
-                MAX_READ_BATCH_ROWS as i128,
-                &format!("an int in [1, {MAX_READ_BATCH_ROWS}]"),
-            )? as usize,
+            read_batch_rows: a
+                .read_batch_rows
+                .map(|r| {
+                    int_in(
+                        "read_batch_rows",
+                        r,
+                        1,
+                        MAX_READ_BATCH_ROWS as i128,
+                        &format!("an int in [1, {MAX_READ_BATCH_ROWS}] or None"),
+                    )
+                    .map(|r| r as usize)
+                })
+                .transpose()?,
             readahead_threads: a
                 .readahead_threads
                 .map(|t| {
@@ -289,7 +345,8 @@ pub struct StreamOptions {
     pub first_epoch: u64,
     /// Number of epochs in the pass; `None` = endless.
     pub epochs: Option<u64>,
-    /// Rows per decoded batch (a tuning knob; does not change the stream).
+    /// Rows per decoded batch (a tuning knob; does not change the stream). [`StreamOptions::new`]
+    /// takes the setting or the fallback; [`crate::Stream::resume`] sizes it for its catalog.
     pub read_batch_rows: usize,
     /// Background decoding threads; 0 decodes synchronously in the caller.
     pub readahead_threads: usize,
@@ -314,7 +371,7 @@ impl StreamOptions {
             shuffle_buffer: settings.shuffle_buffer,
             first_epoch,
             epochs: settings.epochs,
-            read_batch_rows: tuning.read_batch_rows,
+            read_batch_rows: tuning.read_batch_rows.unwrap_or(DEFAULTS.read_batch_rows),
             readahead_threads: threads,
             readahead_depth: tuning.readahead_depth,
             piece_rows: tuning.piece_rows,
@@ -494,7 +551,6 @@ mod tests {
 
     fn args() -> Args {
         Args {
-            read_batch_rows: 2048,
             readahead_depth: 8,
             ..Default::default()
         }
@@ -542,7 +598,7 @@ mod tests {
             (
                 "read_batch_rows",
                 Args {
-                    read_batch_rows: 0,
+                    read_batch_rows: Some(0),
                     ..args()
                 },
             ),
@@ -587,5 +643,116 @@ mod tests {
         let l = Layout::new(1, 2, 1, 3, Even::Pad).unwrap();
         assert_eq!((l.slot.index, l.slot.count, l.even), (4, 6, Even::Pad));
         assert_eq!(Layout::new(0, 1, 1, 2, Even::Pad).unwrap().even, Even::Off);
+    }
+
+    /// One Parquet shard of `rows` rows: `id` int64 and `width` float64 columns of `list_len`
+    /// items each (0: plain float64 columns).
+    fn shard(dir: &std::path::Path, rows: usize, width: usize, list_len: usize) -> String {
+        use arrow_array::{ArrayRef, Float64Array, Int64Array, ListArray, RecordBatch};
+        use std::sync::Arc;
+        let mut cols: Vec<(String, ArrayRef)> = vec![(
+            "id".into(),
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+        )];
+        for c in 0..width {
+            let n = rows * list_len.max(1);
+            let values = Float64Array::from_iter_values((0..n).map(|i| (i % 97) as f64));
+            let col: ArrayRef = if list_len == 0 {
+                Arc::new(values)
+            } else {
+                let item = Arc::new(arrow_schema::Field::new(
+                    "item",
+                    arrow_schema::DataType::Float64,
+                    false,
+                ));
+                let offsets =
+                    arrow_buffer::OffsetBuffer::from_lengths(std::iter::repeat_n(list_len, rows));
+                Arc::new(ListArray::new(item, offsets, Arc::new(values), None))
+            };
+            cols.push((format!("c{c}"), col));
+        }
+        let batch = RecordBatch::try_from_iter(cols).unwrap();
+        let path = dir.join(format!("w{width}x{list_len}.parquet"));
+        let mut w = parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            batch.schema(),
+            None,
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn automatic_batch_rows_hold_about_the_same_bytes_within_the_limits() {
+        let target = DEFAULTS.read_batch_bytes as f64;
+        assert_eq!(auto_batch_rows(None), DEFAULTS.read_batch_rows);
+        assert_eq!(auto_batch_rows(Some(f64::NAN)), DEFAULTS.read_batch_rows);
+        assert_eq!(auto_batch_rows(Some(0.0)), DEFAULTS.read_batch_rows);
+        assert_eq!(auto_batch_rows(Some(0.01)), MAX_AUTO_BATCH_ROWS);
+        assert_eq!(auto_batch_rows(Some(16.0)), MAX_AUTO_BATCH_ROWS);
+        assert_eq!(auto_batch_rows(Some(1e12)), MIN_AUTO_BATCH_ROWS);
+        // ~1.2 KB [id, tokens] rows keep the 2,048 rows they were tuned with
+        assert_eq!(auto_batch_rows(Some(1160.0)), 2048);
+        assert_eq!(auto_batch_rows(Some(100.0)), MAX_AUTO_BATCH_ROWS);
+        for b in [333.0, 1e3, 4096.0, 5e4, 1e5] {
+            let r = auto_batch_rows(Some(b));
+            assert!(r.is_power_of_two(), "{b}: {r}");
+            assert!(
+                r as f64 * b <= target && 2.0 * r as f64 * b > target,
+                "{b}: {r}"
+            );
+            assert!((MIN_AUTO_BATCH_ROWS..=MAX_AUTO_BATCH_ROWS).contains(&r));
+        }
+        assert!(MAX_AUTO_BATCH_ROWS as u64 <= MAX_READ_BATCH_ROWS);
+    }
+
+    /// The footers size a stream's decoded batches: many narrow rows, few wide ones, the
+    /// projection counted (not the file), list items counted at their decoded width; an
+    /// explicit `read_batch_rows` wins.
+    #[test]
+    fn decoded_batches_are_sized_from_the_footer() {
+        use crate::catalog::Catalog;
+        let dir = tempfile::tempdir().unwrap();
+        let narrow = shard(dir.path(), 5000, 1, 0); // [id, c0]: 16 B a row
+        let wide = shard(dir.path(), 300, 2, 64); // [id, c0, c1]: lists of 64 f64
+        let open = |f: &str, cols: Option<&[&str]>| {
+            let cols: Option<Vec<String>> = cols.map(|c| c.iter().map(|s| s.to_string()).collect());
+            Catalog::open(&[f.to_string()], cols.as_deref()).unwrap()
+        };
+        let auto = Tuning::default();
+        let cat = open(&narrow, None);
+        let b = cat.row_bytes().unwrap();
+        assert!((16.0..20.0).contains(&b), "{b}");
+        assert_eq!(auto.batch_rows(&cat), MAX_AUTO_BATCH_ROWS);
+        // ... and a stream reads with that size
+        let (settings, tuning) = Settings::from_args(&args()).unwrap();
+        assert_eq!(tuning.read_batch_rows, None);
+        let layout = Layout::new(0, 1, 0, 1, Even::Off).unwrap();
+        let start = crate::resume::Resume::start(0);
+        let stream = crate::stream::Stream::resume(
+            std::sync::Arc::new(cat),
+            &settings,
+            &tuning,
+            layout,
+            0,
+            &start,
+        )
+        .unwrap();
+        assert_eq!(stream.options().read_batch_rows, MAX_AUTO_BATCH_ROWS);
+        let cat = open(&wide, None);
+        // 8 + 2 x (64 x 8 + 4 offsets) = 1,040 B a row at least
+        let b = cat.row_bytes().unwrap();
+        assert!((1040.0..1200.0).contains(&b), "{b}");
+        assert_eq!(auto.batch_rows(&cat), 2048);
+        // one list column of the two: half the bytes, twice the rows
+        let cat = open(&wide, Some(&["id", "c1"]));
+        assert_eq!(auto.batch_rows(&cat), 4096);
+        let set = Tuning {
+            read_batch_rows: Some(7),
+            ..Tuning::default()
+        };
+        assert_eq!(set.batch_rows(&cat), 7);
     }
 }

@@ -5,7 +5,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 use shardstream_core::pack::PackSettings;
 use shardstream_core::settings::{
-    Args, DEFAULTS, MAP_DEFAULTS, MAX_READAHEAD_DEPTH, MAX_READAHEAD_THREADS, MAX_READ_BATCH_ROWS,
+    Args, DEFAULTS, MAP_DEFAULTS, MAX_AUTO_BATCH_ROWS, MAX_READAHEAD_DEPTH, MAX_READAHEAD_THREADS,
+    MAX_READ_BATCH_ROWS,
 };
 use shardstream_core::{Settings, Tuning};
 
@@ -86,7 +87,7 @@ impl RawSettings {
             drop_last: drop_last.is_true(),
             epochs: int("epochs", epochs, true)?,
             even,
-            read_batch_rows: int("read_batch_rows", read_batch_rows, false)?.unwrap_or_default(),
+            read_batch_rows: int("read_batch_rows", read_batch_rows, true)?,
             readahead_threads: int("readahead_threads", readahead_threads, true)?,
             readahead_depth: int("readahead_depth", readahead_depth, false)?.unwrap_or_default(),
         };
@@ -114,7 +115,11 @@ impl RawSettings {
 /// The arguments' defaults and limits, for the Python signature and docs (one place).
 pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("read_batch_rows", DEFAULTS.read_batch_rows)?;
+    // None: sized by bytes (`Tuning::batch_rows`); the rest say how.
+    d.set_item("read_batch_rows", py.None())?;
+    d.set_item("read_batch_bytes", DEFAULTS.read_batch_bytes)?;
+    d.set_item("fallback_read_batch_rows", DEFAULTS.read_batch_rows)?;
+    d.set_item("max_auto_read_batch_rows", MAX_AUTO_BATCH_ROWS)?;
     d.set_item("readahead_depth", DEFAULTS.readahead_depth)?;
     d.set_item("even", DEFAULTS.even.name())?;
     d.set_item(

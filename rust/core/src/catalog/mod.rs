@@ -230,6 +230,8 @@ pub struct Catalog {
     maps: ipc::Maps,
     /// Local IPC batches validated once (see [`ipc::Verified`]).
     verified: ipc::Verified,
+    /// [`Catalog::row_bytes`], estimated once.
+    row_bytes: OnceLock<Option<f64>>,
 }
 
 impl Catalog {
@@ -297,6 +299,7 @@ impl Catalog {
             stores,
             maps: ipc::Maps::default(),
             verified,
+            row_bytes: OnceLock::new(),
         })
     }
 
@@ -325,6 +328,71 @@ impl Catalog {
                 .shards
                 .iter()
                 .all(|s| s.object.is_none() && s.ipc().is_some_and(|i| !i.compressed))
+    }
+
+    /// True when every shard is an Arrow IPC shard.
+    pub fn all_ipc(&self) -> bool {
+        self.shards.iter().all(|s| s.ipc().is_some())
+    }
+
+    /// Estimated decoded (Arrow) bytes per row of the output columns, over the first
+    /// [`ROW_BYTES_SAMPLE`] units: from the footers of the Parquet shards whose footer is
+    /// already parsed, or else of the first Parquet shard (its footer read now, as its first
+    /// read would); without Parquet shards, the record batches' body bytes per row (every
+    /// column; `None` if any shard has compressed buffers). `None` without a readable footer
+    /// or rows. Computed
+    /// once per catalog; it sizes decoded batches ([`crate::settings::Tuning::batch_rows`]).
+    pub fn row_bytes(&self) -> Option<f64> {
+        *self.row_bytes.get_or_init(|| {
+            let (mut bytes, mut rows) = (0f64, 0u64);
+            if self.all_ipc() {
+                if self
+                    .shards
+                    .iter()
+                    .any(|s| s.ipc().is_some_and(|i| i.compressed))
+                {
+                    // A compressed body says nothing of the decoded size (often 3-70x more).
+                    return None;
+                }
+                let units = self.shards.iter().flat_map(|s| {
+                    let index = s.ipc().expect("all IPC");
+                    (index.batches.iter().zip(&s.row_groups)).map(|(b, g)| (b.body_len, g.num_rows))
+                });
+                for (b, n) in units.take(ROW_BYTES_SAMPLE) {
+                    bytes += b as f64;
+                    rows += n;
+                }
+                return (rows > 0).then(|| bytes / rows as f64);
+            }
+            let parquet = || self.shards.iter().filter(|s| s.ipc().is_none());
+            let mut known = parquet()
+                .filter_map(|s| Some((s, s.parquet_meta().ok()?.get()?)))
+                .peekable();
+            let metas: Vec<(&Shard, &ArrowReaderMetadata)> = if known.peek().is_some() {
+                known.collect()
+            } else {
+                let first = parquet().next()?;
+                vec![(first, first.reader_meta().ok()?)]
+            };
+            let mut left = ROW_BYTES_SAMPLE;
+            for (shard, meta) in metas {
+                let md = meta.metadata();
+                let mask = shard.mask(meta);
+                for rg in md.row_groups().iter().take(left) {
+                    left -= 1;
+                    let n = rg.num_rows().max(0) as u64;
+                    rows += n;
+                    bytes += (0..rg.num_columns())
+                        .filter(|&c| mask.leaf_included(c))
+                        .map(|c| decoded_bytes(rg.column(c), n))
+                        .sum::<f64>();
+                }
+                if left == 0 {
+                    break;
+                }
+            }
+            (rows > 0).then(|| bytes / rows as f64)
+        })
     }
 
     /// Counters of the object stores, summed (all zero for a local dataset).
@@ -391,6 +459,33 @@ impl Catalog {
             .partition_point(|rg| rg.first_row + rg.num_rows <= within);
         Some((s, g, within - shard.row_groups[g].first_row))
     }
+}
+
+/// Row groups [`Catalog::row_bytes`] looks at, at most.
+pub const ROW_BYTES_SAMPLE: usize = 64;
+
+/// Estimated Arrow bytes of one column chunk of `rows` rows once decoded: its values at their
+/// fixed width (a dictionary-encoded chunk's uncompressed size counts indices, not values: a
+/// `list<int32>` of ~300 tokens a row decodes to ~3x its uncompressed pages), byte arrays'
+/// unencoded bytes (from the size statistics if the writer kept them) with their offsets,
+/// list offsets per repetition level; at least the chunk's uncompressed size.
+fn decoded_bytes(c: &parquet::file::metadata::ColumnChunkMetaData, rows: u64) -> f64 {
+    use parquet::basic::Type;
+    let values = c.num_values().max(0) as f64;
+    let uncompressed = c.uncompressed_size().max(0) as f64;
+    let data = match c.column_type() {
+        Type::BOOLEAN => values / 8.0,
+        Type::INT32 | Type::FLOAT => values * 4.0,
+        Type::INT64 | Type::DOUBLE => values * 8.0,
+        Type::INT96 => values * 12.0,
+        Type::FIXED_LEN_BYTE_ARRAY => values * c.column_descr().type_length().max(0) as f64,
+        Type::BYTE_ARRAY => {
+            let data = c.unencoded_byte_array_data_bytes().map(|b| b.max(0) as f64);
+            data.unwrap_or(uncompressed) + values * 4.0
+        }
+    };
+    let lists = rows as f64 * 4.0 * f64::from(c.column_descr().max_rep_level().max(0));
+    (data + lists).max(uncompressed)
 }
 
 /// A non-empty row group: the unit the epoch order permutes.

@@ -89,7 +89,7 @@ fn config(f: &Fixture, s: &Spec, only: Option<&[usize]>) -> Arc<MixConfig> {
                 pack: None,
             },
             tuning: Tuning {
-                read_batch_rows: 4,
+                read_batch_rows: Some(4),
                 ..Tuning::default()
             },
             on_exhausted: s.policies[i].0,

@@ -26,7 +26,10 @@ impl Stream {
         threads: usize,
         resume: &Resume,
     ) -> Result<Stream> {
-        let opts = StreamOptions::new(settings, tuning, resume.first_epoch(), layout.even, threads);
+        let opts = StreamOptions {
+            read_batch_rows: tuning.batch_rows(&catalog),
+            ..StreamOptions::new(settings, tuning, resume.first_epoch(), layout.even, threads)
+        };
         let position = resume.position(&catalog, settings, layout)?;
         let mut s = Stream::new(catalog, opts, layout.slot)?;
         if let Some(cfg) = &settings.pack {
