@@ -145,9 +145,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
 
     Args:
         sources: ``{name: ParquetStream(...)}``. Each source keeps its own shard set, columns,
-            shuffle (``shuffle_buffer``, ``seed``), storage options, read tuning (with
-            ``read_batch_rows=None`` each of K sources' decoded batches aims at a K-th of one
-            stream's bytes: a mixed batch copies from all of them) and packing
+            shuffle (``shuffle_buffer``, ``seed``), storage options, read tuning and packing
             (``pack=``: every source or none, see ``pack``); the
             mixture decides batching, epochs and layout, so a source's ``batch_size``,
             ``drop_last``, ``epochs``, ``even``, ``rank``/``world_size`` must be left at their
