@@ -68,15 +68,10 @@ pub const MIN_AUTO_BATCH_ROWS: usize = 16;
 /// batches of a power-of-two size are slices of one decoded batch) within
 /// [`MIN_AUTO_BATCH_ROWS`]..=[`MAX_AUTO_BATCH_ROWS`]; [`Defaults::read_batch_rows`] if unknown.
 pub fn auto_batch_rows(row_bytes: Option<f64>) -> usize {
-    auto_batch_rows_in(DEFAULTS.read_batch_bytes, row_bytes)
-}
-
-/// [`auto_batch_rows`] aiming at `bytes` per decoded batch instead of the default.
-pub fn auto_batch_rows_in(bytes: usize, row_bytes: Option<f64>) -> usize {
     let Some(b) = row_bytes.filter(|b| b.is_finite() && *b > 0.0) else {
         return DEFAULTS.read_batch_rows;
     };
-    let rows = (bytes as f64 / b).floor();
+    let rows = (DEFAULTS.read_batch_bytes as f64 / b).floor();
     if rows >= MAX_AUTO_BATCH_ROWS as f64 {
         return MAX_AUTO_BATCH_ROWS;
     }
@@ -134,25 +129,12 @@ impl Tuning {
     ///
     /// [`Catalog::row_bytes`]: crate::catalog::Catalog::row_bytes
     pub fn batch_rows(&self, catalog: &crate::catalog::Catalog) -> usize {
-        self.batch_rows_among(catalog, 1)
-    }
-
-    /// [`Tuning::batch_rows`] for one of `sources` streams read side by side (a mixture's
-    /// sources): automatic sizes aim at a `sources`-th of the bytes, so that the sources'
-    /// current decoded batches, which a mixed batch copies its rows from, hold together what
-    /// one stream's does. With them all live, whole-size batches left the copy reading rows
-    /// long out of the cache (at 8 sources, ~12x one stream's last-level misses per row,
-    /// halved this way: docs/benchmarks.md, mixtures). A setting is used as given.
-    pub fn batch_rows_among(&self, catalog: &crate::catalog::Catalog, sources: usize) -> usize {
         match self.read_batch_rows {
             Some(r) => r,
             None if catalog.all_ipc() => {
                 auto_batch_rows(catalog.row_bytes()).max(DEFAULTS.read_batch_rows)
             }
-            None => auto_batch_rows_in(
-                DEFAULTS.read_batch_bytes / sources.max(1),
-                catalog.row_bytes(),
-            ),
+            None => auto_batch_rows(catalog.row_bytes()),
         }
     }
 
@@ -772,14 +754,5 @@ mod tests {
             ..Tuning::default()
         };
         assert_eq!(set.batch_rows(&cat), 7);
-        // a mixture's 8 sources: an eighth of the bytes each (~1.1 KB rows: 512 KiB -> 256
-        // rows, a power of two), one source the whole; a setting is kept as given
-        let cat = open(&wide, None);
-        assert_eq!(auto.batch_rows_among(&cat, 8), 256);
-        assert_eq!(auto.batch_rows_among(&cat, 1), auto.batch_rows(&cat));
-        assert_eq!(set.batch_rows_among(&cat, 8), 7);
-        let cat = open(&narrow, None);
-        // 512 KiB of ~17 B rows: still past the cap
-        assert_eq!(auto.batch_rows_among(&cat, 8), MAX_AUTO_BATCH_ROWS);
     }
 }

@@ -102,15 +102,10 @@ impl MixStream {
             cfg.settings.batch_size.is_none() && cfg.pack.is_none() && cfg.source_pack.is_none();
         let mut streams = Vec::with_capacity(cfg.sources.len());
         for (i, src) in cfg.sources.iter().enumerate() {
-            // Every source's decoded batch is live at once: each gets a share of the bytes.
-            let tuning = crate::settings::Tuning {
-                read_batch_rows: Some(src.tuning.batch_rows_among(&src.catalog, cfg.sources.len())),
-                ..src.tuning.clone()
-            };
             let mut s = Stream::resume(
                 src.catalog.clone(),
                 &src.settings,
-                &tuning,
+                &src.tuning,
                 layout,
                 threads,
                 resume.source(i),
