@@ -89,6 +89,7 @@ def mixture(dirs: list[str], spec: dict[str, Any]) -> Any:
             shuffle_buffer=spec.get("shuffle", 0),
             seed=i,
             readahead_threads=spec.get("threads"),
+            read_batch_rows=spec.get("read_batch_rows"),
         )
         for i, (n, d) in enumerate(zip(names, dirs, strict=True))
     }
@@ -112,6 +113,7 @@ def single(dirs: list[str], spec: dict[str, Any]) -> Any:
         shuffle_buffer=spec.get("shuffle", 0),
         output=spec["output"],
         readahead_threads=spec.get("threads"),
+        read_batch_rows=spec.get("read_batch_rows"),
     )
 
 
@@ -286,7 +288,14 @@ def section_callgrind(root: str, args: Any, ks: list[int]) -> list[dict[str, Any
     for k in ks:
         dirs = make_data(root, args.rows, k)
         for shuffle in (int(x) for x in args.cg_shuffle.split(",")):
-            base = dict(dirs=dirs, batch=args.batch, output=output, shuffle=shuffle, threads=0)
+            base = dict(
+                dirs=dirs,
+                batch=args.batch,
+                output=output,
+                shuffle=shuffle,
+                threads=0,
+                read_batch_rows=args.cg_read_batch_rows,
+            )
             one = callgrind_per_row(dict(base, kind="single"), args.cg_out)
             mixed = callgrind_per_row(dict(base, kind="mix", combine=combine), args.cg_out)
             print(f"  callgrind K={k} shuffle {shuffle}: {one:,.0f} / {mixed:,.0f}", flush=True)
@@ -340,6 +349,13 @@ def main() -> int:
     p.add_argument("--cg-shuffle", default="0,1000", help="with --callgrind: shuffle buffers")
     p.add_argument("--cg-output", default="arrow", help="with --callgrind: arrow, torch, numpy")
     p.add_argument("--cg-combine", default="mixed", help="with --callgrind: mixed or by_source")
+    p.add_argument(
+        "--cg-read-batch-rows",
+        type=int,
+        default=None,
+        help="with --callgrind: read_batch_rows of every source and the one stream (default: "
+        "automatic)",
+    )
     p.add_argument("--cg-spec", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.cg_spec:
