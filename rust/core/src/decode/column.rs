@@ -68,8 +68,11 @@ pub(crate) struct Column<K: Kind> {
     /// Lists: the first slot of each row read into this batch.
     starts: Vec<usize>,
     list_nulls: Option<BooleanBufferBuilder>,
-    /// Values in the last finished batch: the next one reserves as many.
+    /// Values and rows in the last finished batch, and rows read into the current one: the
+    /// next batch reserves as many values per row (see `read`).
     last_len: usize,
+    last_rows: usize,
+    batch_rows: usize,
     /// Pages may end inside a row (no offset index says otherwise: data page v1 writers such as
     /// parquet-cpp without a page index cut pages by level count).
     split: bool,
@@ -92,6 +95,8 @@ impl<K: Kind> Column<K> {
             starts: Vec::new(),
             list_nulls: None,
             last_len: 0,
+            last_rows: 0,
+            batch_rows: 0,
             split,
             in_row: false,
             _kind: PhantomData,
@@ -459,6 +464,21 @@ fn flush<K: Kind, const KEEP: bool>(
     Ok(())
 }
 
+/// Values to reserve for a batch starting with a read of `rows` rows, after a batch of
+/// `last_len` values in `last_rows` rows: as many values per row, 1/32 more (a batch of longer
+/// lists or more rows than the last grew its Vec by reallocation, copying what it held: ~1x a
+/// list column's values per pass, and the page faults of the new block), which stays under
+/// `finish`'s 1/16 slack so its shrink rarely runs. At most 4x the last batch's values: a
+/// batch of a few long rows does not size one of many rows (past that the Vec grows).
+fn reserve_for(last_len: usize, last_rows: usize, rows: usize) -> usize {
+    if last_rows == 0 {
+        return last_len;
+    }
+    let per_row = last_len as f64 / last_rows as f64;
+    let want = (per_row * rows as f64 * (1.0 + 1.0 / 32.0)) as usize + 16;
+    want.min(last_len.saturating_mul(4)).max(16)
+}
+
 /// `n` null slots (default values under a cleared validity bit).
 fn push_nulls<K: Kind>(
     n: usize,
@@ -502,8 +522,10 @@ fn v1_levels(rest: &mut bytes::Bytes, encoding: Encoding, max: i16) -> Result<Rl
 impl<K: Kind> ColumnRead for Column<K> {
     fn read(&mut self, rows: usize) -> Result<()> {
         if self.values.capacity() == 0 && self.last_len > 0 {
-            self.values.reserve(self.last_len);
+            self.values
+                .reserve(reserve_for(self.last_len, self.last_rows, rows));
         }
+        self.batch_rows += rows;
         self.rows::<true>(rows)
     }
 
@@ -514,6 +536,7 @@ impl<K: Kind> ColumnRead for Column<K> {
     fn finish(&mut self) -> Result<ArrayRef> {
         let mut values = std::mem::take(&mut self.values);
         self.last_len = values.len();
+        self.last_rows = std::mem::take(&mut self.batch_rows);
         // A batch outlives this call (a shuffle buffer keeps batches for their last rows): hand
         // over what it holds, not the up-to-doubled capacity of a grown Vec (a shrinking
         // realloc, in place).
@@ -561,4 +584,26 @@ fn list_array<O: OffsetSizeTrait>(
         Arc::new(child),
         nulls,
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reserve_for;
+
+    /// A batch reserves the last batch's values per row for its rows, with a margin under
+    /// `finish`'s shrink threshold, capped at 4x the last batch.
+    #[test]
+    fn reserve_follows_the_values_per_row_of_the_last_batch() {
+        // same rows: the last count and a little more, under 1/16 of it
+        let r = reserve_for(300_000, 2048, 2048);
+        assert!((300_001..300_000 + 300_000 / 16).contains(&r), "{r}");
+        // a short batch (a row group's end) before a whole one: sized for the whole one
+        let r = reserve_for(100_000, 1000, 2048);
+        assert!((204_800..204_800 + 204_800 / 16).contains(&r), "{r}");
+        // many more rows than the last batch: at most 4x its values
+        assert_eq!(reserve_for(1_000, 10, 16_384), 4_000);
+        // nothing known of the rows (a batch of skips only): the last count
+        assert_eq!(reserve_for(5_000, 0, 2048), 5_000);
+        assert_eq!(reserve_for(0, 10, 2048), 16);
+    }
 }
