@@ -36,18 +36,10 @@ MODES = ("on", "freeze", "off")
 
 
 def make_data(root: str, rows: int) -> str:
-    from shardstream import datagen
+    """``benches/mix.py``'s data for one source: ``[id, tokens]``, 16–128 tokens a row."""
+    import mix
 
-    d = os.path.join(root, f"gc-rows{rows}")
-    if not os.path.isdir(d):
-        datagen.write_shards(
-            d,
-            num_shards=4,
-            rows_per_shard=rows // 4,
-            row_group_size=8192,
-            tokens_len=(16, 128),
-        )
-    return d
+    return mix.make_data(root, rows, 1)[0]
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
