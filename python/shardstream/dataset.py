@@ -118,7 +118,8 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         read_batch_rows: rows per decoded batch (tuning only; never changes the stream).
             ``None`` sizes it from the footers: about 4 MiB of the selected columns' decoded
             bytes per row, rounded down to a power of two, within 16 .. 16,384 rows (2,048
-            for ``[id, tokens]`` rows of ~1.2 KB, 16,384 for 16-byte ``[id, score]`` rows);
+            for ``[id, tokens]`` rows of ~1.2 KB, 16,384 for 16-byte ``[id, score]`` rows;
+            2,048 for a remote dataset whose footers were not read, e.g. opened from a sidecar);
             for Arrow IPC shards at least 2,048 (a record batch is decoded whole and sliced).
         readahead_threads: background decoding threads per iterator (``0`` decodes in the
             caller). ``None`` picks ``min(4, cores // DataLoader workers)``, at least 1, 8

@@ -338,9 +338,9 @@ impl Catalog {
     /// Estimated decoded (Arrow) bytes per row of the output columns, over the first
     /// [`ROW_BYTES_SAMPLE`] units: from the footers of the Parquet shards whose footer is
     /// already parsed, or else of the first Parquet shard (its footer read now, as its first
-    /// read would); without Parquet shards, the record batches' body bytes per row (every
-    /// column; `None` if any shard has compressed buffers). `None` without a readable footer
-    /// or rows. Computed
+    /// read would; not for a remote catalog: `None`, the fallback size); without Parquet
+    /// shards, the record batches' body bytes per row (every column; `None` if any shard has
+    /// compressed buffers). `None` without a readable footer or rows. Computed
     /// once per catalog; it sizes decoded batches ([`crate::settings::Tuning::batch_rows`]).
     pub fn row_bytes(&self) -> Option<f64> {
         *self.row_bytes.get_or_init(|| {
@@ -371,6 +371,11 @@ impl Catalog {
             let metas: Vec<(&Shard, &ArrowReaderMetadata)> = if known.peek().is_some() {
                 known.collect()
             } else {
+                // Remote: a footer read for this alone would be a request that a sidecar's open,
+                // or a resume reading one shard, does not otherwise make: fall back instead.
+                if self.is_remote() {
+                    return None;
+                }
                 let first = parquet().next()?;
                 vec![(first, first.reader_meta().ok()?)]
             };
