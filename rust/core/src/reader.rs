@@ -606,9 +606,9 @@ fn read_cost(ids: &[u64]) -> u64 {
 
 const ROW_READ_COST: u64 = 2;
 
-/// Reads cheaper than this are not cut in two for another thread: a cut costs up to a page
-/// decoded twice per column (about 256 rows read).
-const MIN_SPLIT_COST: u64 = 256 * ROW_READ_COST;
+/// Reads cheaper than this (about 512 rows read) are not cut in two for another thread: a cut
+/// costs up to a page decoded twice per column, worth it only for halves of ~256 rows or more.
+const MIN_SPLIT_COST: u64 = 512 * ROW_READ_COST;
 
 /// Cut reads so that `threads` threads share the work evenly: while the dearest read costs
 /// more than its share (with 1/8 slack), cut it where its two halves cost the same. A buffer's
@@ -627,7 +627,7 @@ fn split_for_threads(groups: &mut Vec<(usize, usize, &[u64])>, threads: usize) {
         else {
             return;
         };
-        if cost <= share + share / 8 || cost < 2 * MIN_SPLIT_COST {
+        if cost <= share + share / 8 || cost < MIN_SPLIT_COST {
             return;
         }
         let (s, g, ids) = groups[k];
