@@ -145,8 +145,10 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
 
     Args:
         sources: ``{name: ParquetStream(...)}``. Each source keeps its own shard set, columns,
-            shuffle (``shuffle_buffer``, ``seed``), storage options, read tuning and packing
-            (``pack=``: every source or none, see ``pack``); the
+            shuffle (``shuffle_buffer``, ``seed``), storage options, ``read_batch_rows`` and
+            packing (``pack=``: every source or none, see ``pack``); the sources share one
+            stream's readahead (threads and ``readahead_depth`` divided among them: the
+            guide's "Mixtures of named sources" has the rule); the
             mixture decides batching, epochs and layout, so a source's ``batch_size``,
             ``drop_last``, ``epochs``, ``even``, ``rank``/``world_size`` must be left at their
             defaults. Sources are ordered by name (:attr:`source_names`).

@@ -153,6 +153,20 @@ impl Tuning {
         (cores / workers.max(1) as usize).clamp(1, DEFAULTS.max_local_readahead_threads)
     }
 
+    /// Decoded batches each readahead thread of one of a mixture's `sources` may hold ready:
+    /// local sources share one stream's `readahead_depth` as they share its threads (the
+    /// bindings pass `workers × sources` to [`Tuning::threads`]), at least 1 each; a remote
+    /// source keeps its own, as it keeps its own threads (they wait on the network). At full
+    /// depth K local sources held K times one stream's decoded batches, which the mixed batch's
+    /// copy then read back long after they were decoded, out of the cache: 7% more CPU per row
+    /// at K=8 (docs/benchmarks.md, "Mixtures").
+    pub fn source_depth(&self, remote: bool, sources: usize) -> usize {
+        if remote {
+            return self.readahead_depth;
+        }
+        (self.readahead_depth / sources.max(1)).max(1)
+    }
+
     /// Readahead threads for a stream over `catalog`: [`Tuning::threads`], except that when
     /// not set, a catalog whose batches decode in place ([`Catalog::decodes_in_place`]: local,
     /// uncompressed Arrow IPC) is read in the caller. Such a decode is a few thousand
@@ -682,6 +696,22 @@ mod tests {
         w.write(&batch).unwrap();
         w.close().unwrap();
         path.display().to_string()
+    }
+
+    #[test]
+    fn mixture_sources_share_one_streams_readahead_depth() {
+        let t = Tuning::default();
+        assert_eq!(t.readahead_depth, 8);
+        assert_eq!(t.source_depth(false, 1), 8);
+        assert_eq!(t.source_depth(false, 3), 2);
+        assert_eq!(t.source_depth(false, 8), 1);
+        assert_eq!(t.source_depth(false, 100), 1); // never 0: a thread must hold its batch
+        assert_eq!(t.source_depth(true, 8), 8); // remote: each keeps its own
+        let deep = Tuning {
+            readahead_depth: 64,
+            ..Tuning::default()
+        };
+        assert_eq!(deep.source_depth(false, 8), 8);
     }
 
     #[test]

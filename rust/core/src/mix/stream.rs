@@ -20,7 +20,7 @@ use super::resume::MixResume;
 use super::rule::{Avail, Mixer, MixerPos};
 use super::{Combine, MixConfig};
 use crate::error::{Error, Result};
-use crate::settings::{Layout, DEFAULTS};
+use crate::settings::{Layout, Tuning, DEFAULTS};
 use crate::state::envelope::{SlotRecord, StreamState};
 use crate::state::mixture::{BlockRecord, MixerRecord, MixtureState};
 use crate::stream::{Rows, Stream};
@@ -100,12 +100,17 @@ impl MixStream {
         // Packed items are whole packed rows: no position inside one.
         let row_mode =
             cfg.settings.batch_size.is_none() && cfg.pack.is_none() && cfg.source_pack.is_none();
-        let mut streams = Vec::with_capacity(cfg.sources.len());
+        let k = cfg.sources.len();
+        let mut streams = Vec::with_capacity(k);
         for (i, src) in cfg.sources.iter().enumerate() {
+            let tuning = Tuning {
+                readahead_depth: src.tuning.source_depth(src.catalog.is_remote(), k),
+                ..src.tuning.clone()
+            };
             let mut s = Stream::resume(
                 src.catalog.clone(),
                 &src.settings,
-                &src.tuning,
+                &tuning,
                 layout,
                 threads,
                 resume.source(i),
@@ -118,7 +123,6 @@ impl MixStream {
         }
         let (mixer, removed) = resume.mixer(&cfg, layout)?;
         let packer = packed::packer(&cfg, resume, layout)?;
-        let k = streams.len();
         let out = MixStream {
             cfg,
             layout,
