@@ -145,10 +145,11 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
 
     Args:
         sources: ``{name: ParquetStream(...)}``. Each source keeps its own shard set, columns,
-            shuffle (``shuffle_buffer``, ``seed``), storage options, ``read_batch_rows`` and
-            packing (``pack=``: every source or none, see ``pack``); the sources share one
-            stream's readahead (threads and ``readahead_depth`` divided among them: the
-            guide's "Mixtures of named sources" has the rule); the
+            shuffle (``shuffle_buffer``, ``seed``), storage options, ``read_batch_rows`` if
+            set, and packing (``pack=``: every source or none, see ``pack``); the sources
+            share one stream's decoded bytes and readahead (automatic ``read_batch_rows``,
+            threads and ``readahead_depth`` divided among them: the guide's "Mixtures of
+            named sources" has the rules); the
             mixture decides batching, epochs and layout, so a source's ``batch_size``,
             ``drop_last``, ``epochs``, ``even``, ``rank``/``world_size`` must be left at their
             defaults. Sources are ordered by name (:attr:`source_names`).

@@ -20,6 +20,12 @@ pub struct Defaults {
     pub read_batch_bytes: usize,
     /// Rows per decoded batch when not set and the footers say nothing of row width.
     pub read_batch_rows: usize,
+    /// Decoded bytes the current batches of a mixture's sources aim at together when
+    /// `read_batch_rows` is not set (see [`Tuning::source_batch_rows`]).
+    pub mix_read_batch_bytes: usize,
+    /// Fewest rows per decoded batch of a mixture's source when not set: each decoded batch
+    /// has a fixed cost (page and column set-up, the hand-off), paid per this many rows at most.
+    pub mix_min_batch_rows: usize,
     pub readahead_depth: usize,
     pub piece_rows: u64,
     pub even: Even,
@@ -43,6 +49,8 @@ pub struct Defaults {
 pub const DEFAULTS: Defaults = Defaults {
     read_batch_bytes: 4 << 20,
     read_batch_rows: 2048,
+    mix_read_batch_bytes: 3 << 19,
+    mix_min_batch_rows: 1024,
     readahead_depth: 8,
     piece_rows: 16384,
     even: Even::Drop,
@@ -68,10 +76,15 @@ pub const MIN_AUTO_BATCH_ROWS: usize = 16;
 /// batches of a power-of-two size are slices of one decoded batch) within
 /// [`MIN_AUTO_BATCH_ROWS`]..=[`MAX_AUTO_BATCH_ROWS`]; [`Defaults::read_batch_rows`] if unknown.
 pub fn auto_batch_rows(row_bytes: Option<f64>) -> usize {
+    batch_rows_for(DEFAULTS.read_batch_bytes, row_bytes)
+}
+
+/// [`auto_batch_rows`] for batches of about `bytes` decoded bytes.
+pub fn batch_rows_for(bytes: usize, row_bytes: Option<f64>) -> usize {
     let Some(b) = row_bytes.filter(|b| b.is_finite() && *b > 0.0) else {
         return DEFAULTS.read_batch_rows;
     };
-    let rows = (DEFAULTS.read_batch_bytes as f64 / b).floor();
+    let rows = (bytes as f64 / b).floor();
     if rows >= MAX_AUTO_BATCH_ROWS as f64 {
         return MAX_AUTO_BATCH_ROWS;
     }
@@ -151,6 +164,28 @@ impl Tuning {
         // available_parallelism honours the CPU affinity mask and cgroup quotas on Linux.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         (cores / workers.max(1) as usize).clamp(1, DEFAULTS.max_local_readahead_threads)
+    }
+
+    /// Rows per decoded batch of one of a mixture's `sources` sources over `catalog`: the
+    /// setting, or [`batch_rows_for`] a `sources`-th of [`Defaults::mix_read_batch_bytes`], at
+    /// least [`Defaults::mix_min_batch_rows`] and at most what one stream would decode
+    /// ([`Tuning::batch_rows`]). The mixed
+    /// batch's copy reads every row of every source's current batch, so the K current batches
+    /// should be in the cache together: with one stream's 4 MiB each, mixtures of K=3 / K=8
+    /// sources without readahead threads spent 1.14x / 1.15x one stream's CPU per row, with
+    /// 2,048 / 1,024-row batches of ~150-byte rows (~1 MiB together) 1.04-1.08x / 0.98x
+    /// (docs/benchmarks.md, "Mixtures").
+    pub fn source_batch_rows(&self, catalog: &crate::catalog::Catalog, sources: usize) -> usize {
+        if let Some(r) = self.read_batch_rows {
+            return r;
+        }
+        let share = batch_rows_for(
+            DEFAULTS.mix_read_batch_bytes / sources.max(1),
+            catalog.row_bytes(),
+        );
+        share
+            .max(DEFAULTS.mix_min_batch_rows)
+            .min(self.batch_rows(catalog))
     }
 
     /// Decoded batches each readahead thread of one of a mixture's `sources` may hold ready:
@@ -784,5 +819,32 @@ mod tests {
             ..Tuning::default()
         };
         assert_eq!(set.batch_rows(&cat), 7);
+        assert_eq!(set.source_batch_rows(&cat, 8), 7);
+    }
+
+    #[test]
+    fn mixture_sources_share_a_cache_sized_batch() {
+        use crate::catalog::Catalog;
+        let dir = tempfile::tempdir().unwrap();
+        let narrow = Catalog::open(&[shard(dir.path(), 5000, 1, 0)], None).unwrap(); // ~16 B a row
+        let wide = Catalog::open(&[shard(dir.path(), 300, 2, 64)], None).unwrap(); // ~1 KB a row
+        let auto = Tuning::default();
+        let b = narrow.row_bytes().unwrap();
+        // one source: as much as one stream, capped by one stream's own size
+        assert_eq!(auto.source_batch_rows(&narrow, 1), auto.batch_rows(&narrow));
+        // eight: an eighth of the bytes, rounded down to a power of two
+        let eighth = (DEFAULTS.mix_read_batch_bytes as f64 / 8.0 / b) as usize;
+        assert_eq!(auto.source_batch_rows(&narrow, 8), 1 << eighth.ilog2());
+        assert!(auto.source_batch_rows(&narrow, 8) < auto.batch_rows(&narrow));
+        // many sources, or wide rows: never below the floor
+        assert_eq!(
+            auto.source_batch_rows(&narrow, 1000),
+            DEFAULTS.mix_min_batch_rows
+        );
+        assert_eq!(
+            auto.source_batch_rows(&wide, 3),
+            DEFAULTS.mix_min_batch_rows
+        );
+        assert!(auto.batch_rows(&wide) >= DEFAULTS.mix_min_batch_rows);
     }
 }

@@ -104,6 +104,7 @@ impl MixStream {
         let mut streams = Vec::with_capacity(k);
         for (i, src) in cfg.sources.iter().enumerate() {
             let tuning = Tuning {
+                read_batch_rows: Some(src.tuning.source_batch_rows(&src.catalog, k)),
                 readahead_depth: src.tuning.source_depth(src.catalog.is_remote(), k),
                 ..src.tuning.clone()
             };
