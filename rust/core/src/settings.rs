@@ -167,17 +167,19 @@ impl Tuning {
     }
 
     /// Rows per decoded batch of one of a mixture's `sources` sources over `catalog`: the
-    /// setting, or [`batch_rows_for`] a `sources`-th of [`Defaults::mix_read_batch_bytes`], at
-    /// least [`Defaults::mix_min_batch_rows`] and at most what one stream would decode
-    /// ([`Tuning::batch_rows`]). The mixed
-    /// batch's copy reads every row of every source's current batch, so the K current batches
-    /// should be in the cache together: with one stream's 4 MiB each, mixtures of K=3 / K=8
+    /// setting (and for Arrow IPC shards [`Tuning::batch_rows`]), or else [`batch_rows_for`] a
+    /// `sources`-th of [`Defaults::mix_read_batch_bytes`], at least
+    /// [`Defaults::mix_min_batch_rows`] and at most what one stream would decode
+    /// ([`Tuning::batch_rows`]). The mixed batch's copy reads every row of every source's
+    /// current batch, so the K current batches should be in the cache together: with one stream's 4 MiB each, mixtures of K=3 / K=8
     /// sources without readahead threads spent 1.14x / 1.15x one stream's CPU per row, with
     /// 2,048 / 1,024-row batches of ~150-byte rows (~1 MiB together) 1.04-1.08x / 0.98x
     /// (docs/benchmarks.md, "Mixtures").
     pub fn source_batch_rows(&self, catalog: &crate::catalog::Catalog, sources: usize) -> usize {
-        if let Some(r) = self.read_batch_rows {
-            return r;
+        if self.read_batch_rows.is_some() || catalog.all_ipc() {
+            // Arrow IPC record batches are decoded (or mapped) whole whatever this says:
+            // smaller slices would not make the working set smaller.
+            return self.batch_rows(catalog);
         }
         let share = batch_rows_for(
             DEFAULTS.mix_read_batch_bytes / sources.max(1),
@@ -846,5 +848,20 @@ mod tests {
             DEFAULTS.mix_min_batch_rows
         );
         assert!(auto.batch_rows(&wide) >= DEFAULTS.mix_min_batch_rows);
+        // Arrow IPC: a record batch is decoded whole, so a source keeps one stream's size
+        let ipc = dir.path().join("narrow.arrow");
+        {
+            use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+            let ids: ArrayRef = std::sync::Arc::new(Int64Array::from_iter_values(0..5000));
+            let b = RecordBatch::try_from_iter([("id", ids)]).unwrap();
+            let f = std::fs::File::create(&ipc).unwrap();
+            let mut w = arrow_ipc::writer::FileWriter::try_new(f, &b.schema()).unwrap();
+            w.write(&b).unwrap();
+            w.finish().unwrap();
+        }
+        let ipc = Catalog::open(&[ipc.to_string_lossy().into_owned()], None).unwrap();
+        assert!(ipc.all_ipc());
+        assert_eq!(auto.source_batch_rows(&ipc, 1000), auto.batch_rows(&ipc));
+        assert!(auto.batch_rows(&ipc) > DEFAULTS.mix_min_batch_rows);
     }
 }
