@@ -171,10 +171,10 @@ impl Tuning {
     /// `sources`-th of [`Defaults::mix_read_batch_bytes`], at least
     /// [`Defaults::mix_min_batch_rows`] and at most what one stream would decode
     /// ([`Tuning::batch_rows`]). The mixed batch's copy reads every row of every source's
-    /// current batch, so the K current batches should be in the cache together: with one stream's 4 MiB each, mixtures of K=3 / K=8
-    /// sources without readahead threads spent 1.14x / 1.15x one stream's CPU per row, with
-    /// 2,048 / 1,024-row batches of ~150-byte rows (~1 MiB together) 1.04-1.08x / 0.98x
-    /// (docs/benchmarks.md, "Mixtures").
+    /// current batch, so the K current batches should be in the cache together: with one
+    /// stream's 4 MiB each, mixtures of K=3 / K=8 sources without readahead threads spent
+    /// 1.14x / 1.15x one stream's CPU per row, with 2,048 / 1,024-row batches of ~150-byte
+    /// rows (~1 MiB together) 1.04-1.08x / 0.98x (docs/benchmarks.md, "Mixtures").
     pub fn source_batch_rows(&self, catalog: &crate::catalog::Catalog, sources: usize) -> usize {
         if self.read_batch_rows.is_some() || catalog.all_ipc() {
             // Arrow IPC record batches are decoded (or mapped) whole whatever this says:
@@ -195,8 +195,8 @@ impl Tuning {
     /// bindings pass `workers × sources` to [`Tuning::threads`]), at least 1 each; a remote
     /// source keeps its own, as it keeps its own threads (they wait on the network). At full
     /// depth K local sources held K times one stream's decoded batches, which the mixed batch's
-    /// copy then read back long after they were decoded, out of the cache: 7% more CPU per row
-    /// at K=8 (docs/benchmarks.md, "Mixtures").
+    /// copy then read back long after they were decoded, out of the cache: 7-11% more CPU per
+    /// row at K=8 (docs/benchmarks.md, "Mixtures").
     pub fn source_depth(&self, remote: bool, sources: usize) -> usize {
         if remote {
             return self.readahead_depth;
