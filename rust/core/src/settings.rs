@@ -190,18 +190,40 @@ impl Tuning {
             .min(self.batch_rows(catalog))
     }
 
-    /// Decoded batches each readahead thread of one of a mixture's `sources` may hold ready:
-    /// local sources share one stream's `readahead_depth` as they share its threads (the
-    /// bindings pass `workers × sources` to [`Tuning::threads`]), at least 1 each; a remote
-    /// source keeps its own, as it keeps its own threads (they wait on the network). At full
-    /// depth K local sources held K times one stream's decoded batches, which the mixed batch's
-    /// copy then read back long after they were decoded, out of the cache: 7-11% more CPU per
-    /// row at K=8 (docs/benchmarks.md, "Mixtures").
-    pub fn source_depth(&self, remote: bool, sources: usize) -> usize {
-        if remote {
+    /// Decoded batches each readahead thread of one of a mixture's `sources` sources over
+    /// `catalog` may hold ready: a `sources`-th of the bytes one stream's thread holds
+    /// (`readahead_depth` of its [`Tuning::batch_rows`] batches), counted in the source's own
+    /// [`Tuning::source_batch_rows`] batches, at least 1 and at most `readahead_depth`. A
+    /// remote source keeps its own depth, as it keeps its own threads (they wait on the
+    /// network). Counting whole batches, K local sources held K times one stream's ready
+    /// bytes, which the mixed batch's copy read back long after they were decoded, out of the
+    /// cache (7-11% more CPU per row at K=8 with one stream's batches); in batches already cut
+    /// to a K-th, one each left the K threads waiting on each other (K=8: ~1.1x the wall time
+    /// per row of 4-8 each; docs/benchmarks.md, "Mixtures").
+    pub fn source_depth(&self, catalog: &crate::catalog::Catalog, sources: usize) -> usize {
+        if catalog.is_remote() {
             return self.readahead_depth;
         }
-        (self.readahead_depth / sources.max(1)).max(1)
+        let own = self.batch_rows(catalog).max(1);
+        let share = self.source_batch_rows(catalog, sources).max(1);
+        let depth = self.readahead_depth.saturating_mul(own) / share.saturating_mul(sources.max(1));
+        depth.clamp(1, self.readahead_depth.max(1))
+    }
+
+    /// Readahead threads of one of a mixture's `sources` sources over `catalog`, in each of
+    /// `workers` DataLoader workers: [`Tuning::stream_threads`] with the cores shared among
+    /// `workers × sources` iterators (each source's own `readahead_threads` if set; a remote
+    /// source keeps its own count, as a stream does).
+    pub fn source_threads(
+        &self,
+        catalog: &crate::catalog::Catalog,
+        sources: usize,
+        workers: u32,
+    ) -> usize {
+        let share = workers
+            .max(1)
+            .saturating_mul(u32::try_from(sources).unwrap_or(u32::MAX));
+        self.stream_threads(catalog, share)
     }
 
     /// Readahead threads for a stream over `catalog`: [`Tuning::threads`], except that when
@@ -737,18 +759,68 @@ mod tests {
 
     #[test]
     fn mixture_sources_share_one_streams_readahead_depth() {
+        use crate::catalog::Catalog;
+        let dir = tempfile::tempdir().unwrap();
+        let narrow = Catalog::open(&[shard(dir.path(), 5000, 1, 0)], None).unwrap(); // ~16 B a row
+        let wide = Catalog::open(&[shard(dir.path(), 300, 2, 64)], None).unwrap(); // ~1 KB a row
         let t = Tuning::default();
         assert_eq!(t.readahead_depth, 8);
-        assert_eq!(t.source_depth(false, 1), 8);
-        assert_eq!(t.source_depth(false, 3), 2);
-        assert_eq!(t.source_depth(false, 8), 1);
-        assert_eq!(t.source_depth(false, 100), 1); // never 0: a thread must hold its batch
-        assert_eq!(t.source_depth(true, 8), 8); // remote: each keeps its own
-        let deep = Tuning {
-            readahead_depth: 64,
+        // one source: one stream's depth
+        assert_eq!(t.source_depth(&narrow, 1), 8);
+        // eight: an eighth of one stream's ready bytes, in the source's smaller batches
+        let (own, src) = (t.batch_rows(&narrow), t.source_batch_rows(&narrow, 8));
+        assert!(src < own);
+        let d = t.source_depth(&narrow, 8);
+        assert_eq!(d, 8 * own / (8 * src));
+        assert!(d > 8 / 8 && d * src * 8 <= 8 * own, "{d} x {src} rows");
+        // never 0 (a thread must hold its batch), never more batches than one stream's
+        assert_eq!(t.source_depth(&narrow, 100_000), 1);
+        // wide rows: the 1,024-row floor is half of one stream's batch, 8 x 2 / 3 batches each
+        assert_eq!(
+            (t.batch_rows(&wide), t.source_batch_rows(&wide, 3)),
+            (2048, 1024)
+        );
+        assert_eq!(t.source_depth(&wide, 3), 5);
+        // ~140-byte rows cut to a sixteenth: a K-th of the bytes would be 16 batches, capped at 8
+        let mid = Catalog::open(&[shard(dir.path(), 2000, 1, 16)], None).unwrap();
+        assert_eq!(
+            (t.batch_rows(&mid), t.source_batch_rows(&mid, 8)),
+            (16384, 1024)
+        );
+        assert_eq!(t.source_depth(&mid, 8), 8);
+        // batches of a set size are not cut: the depth is divided instead
+        let fixed = Tuning {
+            read_batch_rows: Some(4096),
             ..Tuning::default()
         };
-        assert_eq!(deep.source_depth(false, 8), 8);
+        assert_eq!(fixed.source_depth(&narrow, 3), 2);
+        assert_eq!(fixed.source_depth(&narrow, 8), 1);
+        let deep = Tuning {
+            readahead_depth: 64,
+            ..fixed
+        };
+        assert_eq!(deep.source_depth(&narrow, 8), 8);
+    }
+
+    #[test]
+    fn mixture_sources_share_the_cores() {
+        use crate::catalog::Catalog;
+        let dir = tempfile::tempdir().unwrap();
+        let local = Catalog::open(&[shard(dir.path(), 500, 1, 0)], None).unwrap();
+        let t = Tuning::default();
+        for (k, w) in [(1, 1), (3, 1), (8, 2), (2, u32::MAX)] {
+            assert_eq!(
+                t.source_threads(&local, k, w),
+                t.threads(false, w.saturating_mul(k as u32)),
+                "{k} sources x {w} workers"
+            );
+        }
+        assert_eq!(t.source_threads(&local, 1000, 1), 1);
+        let own = Tuning {
+            readahead_threads: Some(3),
+            ..Tuning::default()
+        };
+        assert_eq!(own.source_threads(&local, 8, 4), 3);
     }
 
     #[test]

@@ -98,12 +98,9 @@ impl RawMixStream {
         let workers = layout.3;
         let layout = self::layout(py, mixture, layout)?;
         let cfg = mixture.inner.clone();
-        // Each source reads with its own threads: share the machine between them.
-        let share = (workers.min(u32::MAX as u64) as u32).saturating_mul(cfg.sources.len() as u32);
-        let remote = cfg.sources.iter().any(|s| s.catalog.is_remote());
-        let threads = cfg.sources[0].tuning.threads(remote, share);
+        let workers = Some(workers.min(u32::MAX as u64) as u32);
         let stream = detach(py, || {
-            MixStream::resume(cfg, layout, threads, &resume.inner)
+            MixStream::resume(cfg, layout, workers, &resume.inner)
         })?;
         Ok(RawMixStream {
             inner: Mutex::new(Some(stream)),

@@ -389,7 +389,7 @@ impl MixResume {
                 pack: None,
             });
         }
-        MixStream::resume(cfg.clone(), layout, 0, self)?.checkpoint(None)
+        MixStream::resume(cfg.clone(), layout, None, self)?.checkpoint(None)
     }
 
     /// Every loaded slot's position as a state of this mixture (to pickle this resume point).

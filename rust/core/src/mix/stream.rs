@@ -90,11 +90,13 @@ pub struct MixStream {
 
 impl MixStream {
     /// The stream of `layout` starting where `resume` says (checked when it was loaded; the
-    /// mixer's position against its sources' is checked here).
+    /// mixer's position against its sources' is checked here). `workers`: the DataLoader
+    /// workers of this process, whose iterators and sources share the cores for readahead
+    /// ([`Tuning::source_threads`]); `None` decodes every source in the caller.
     pub fn resume(
         cfg: Arc<MixConfig>,
         layout: Layout,
-        threads: usize,
+        workers: Option<u32>,
         resume: &MixResume,
     ) -> Result<MixStream> {
         // Packed items are whole packed rows: no position inside one.
@@ -103,11 +105,13 @@ impl MixStream {
         let k = cfg.sources.len();
         let mut streams = Vec::with_capacity(k);
         for (i, src) in cfg.sources.iter().enumerate() {
+            // The sources share what one stream would use: threads, ready batches, the cache.
             let tuning = Tuning {
                 read_batch_rows: Some(src.tuning.source_batch_rows(&src.catalog, k)),
-                readahead_depth: src.tuning.source_depth(src.catalog.is_remote(), k),
+                readahead_depth: src.tuning.source_depth(&src.catalog, k),
                 ..src.tuning.clone()
             };
+            let threads = workers.map_or(0, |w| src.tuning.source_threads(&src.catalog, k, w));
             let mut s = Stream::resume(
                 src.catalog.clone(),
                 &src.settings,

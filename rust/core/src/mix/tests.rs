@@ -165,7 +165,7 @@ fn layout(i: u64, n: u64, even: Even) -> Layout {
 }
 
 fn open(cfg: &Arc<MixConfig>, l: Layout, r: &MixResume) -> MixStream {
-    MixStream::resume(cfg.clone(), l, 0, r).unwrap()
+    MixStream::resume(cfg.clone(), l, None, r).unwrap()
 }
 
 fn drain(cfg: &MixConfig, s: &mut MixStream) -> Vec<Vec<(String, i64)>> {
@@ -645,7 +645,7 @@ fn mismatched_and_hostile_states_are_refused() {
     v["mixer"]["deficits"] = serde_json::json!({"a": 0});
     let r = MixResume::load(&cfg, vec![v], false, false).unwrap();
     assert!(matches!(
-        MixStream::resume(cfg.clone(), l, 0, &r),
+        MixStream::resume(cfg.clone(), l, None, &r),
         Err(Error::State(m)) if m.contains("has left the mix")
     ));
 }
