@@ -165,6 +165,12 @@ impl<const N: usize> Lanes<N> {
     #[inline(never)]
     fn run(&mut self, tau: &mut i64, len: i64, end_rel: i64, out: &mut [u16]) -> Stop {
         const { assert!(N.is_power_of_two() && N <= 1 << 16) };
+        // Keys and release items are copied out and written back at the end, and a take
+        // updates its lane with a select over all lanes (constant indices): at 4 lanes they
+        // then stay in registers and the next item's scan does not wait on the store of the
+        // last one's key. K=3: 3.6% -> 2.3% of a mixed pass's CPU samples (~8 -> ~5 ns an
+        // item); at 8 lanes they spill and it is as before (docs/benchmarks.md, "Mixtures").
+        let (mut key, mut rel) = (self.key, self.rel);
         let mut t = *tau;
         let stop = loop {
             if t == len {
@@ -172,10 +178,12 @@ impl<const N: usize> Lanes<N> {
             }
             // The earliest deadline of all is usually released: one plain min over the keys,
             // and a second one over the released ones only when it is not.
-            let mut best = self.key.iter().fold(i64::MAX, |b, k| b.min(*k));
-            if self.rel[(best & 0xffff) as usize & (N - 1)] > t {
+            let mut best = key.iter().fold(i64::MAX, |b, k| b.min(*k));
+            let lane = (best & 0xffff) as usize & (N - 1);
+            let best_rel = (0..N).fold(NEVER, |r, i| if i == lane { rel[i] } else { r });
+            if best_rel > t {
                 best = i64::MAX;
-                for (rel, key) in self.rel.iter().zip(&self.key) {
+                for (rel, key) in rel.iter().zip(&key) {
                     best = best.min(if *rel <= t { *key } else { i64::MAX });
                 }
             }
@@ -191,12 +199,12 @@ impl<const N: usize> Lanes<N> {
             ln.taken += 1;
             if ln.w == 0 {
                 ln.d0 -= UNIT as i64;
-                self.rel[s] = NEVER;
+                set(&mut rel, s, NEVER);
                 continue;
             }
             // released again once the line passes the next whole item: at this deadline (or the
             // item after, when it lands on it exactly)
-            self.rel[s] = ln.c + i64::from(ln.rem == 0);
+            set(&mut rel, s, ln.c + i64::from(ln.rem == 0));
             let rem = ln.rem - ln.r;
             let carry = i64::from(rem < 0);
             ln.rem = rem + carry * ln.w;
@@ -207,10 +215,19 @@ impl<const N: usize> Lanes<N> {
             // c < 2**35 here (a deficit stays above -2 items, w >= 1, the run < 2**30 items):
             // no clamp needed
             debug_assert!(ln.c < FAR);
-            self.key[s] = ln.c << 16 | s as i64;
+            set(&mut key, s, ln.c << 16 | s as i64);
         };
+        (self.key, self.rel) = (key, rel);
         *tau = t;
         stop
+    }
+}
+
+/// `a[s] = v` as a select over every lane (see [`Lanes::run`]).
+#[inline(always)]
+fn set<const N: usize>(a: &mut [i64; N], s: usize, v: i64) {
+    for (i, x) in a.iter_mut().enumerate() {
+        *x = if i == s { v } else { *x };
     }
 }
 
