@@ -136,9 +136,8 @@ def two_passes(make: Any, count: Any) -> dict[str, Any]:
     second pass per row after its first item (``row_*``), which is what a job reading epoch
     after epoch sees. A fresh process's first pass also pays the allocator's warm-up, more for
     one stream's 4 MiB batches than for a mixture's smaller ones (one stream's first pass: up
-    to ~5% more CPU per row than its second, a mixture's about the same), so ratios of first
-    passes made mixtures look up to ~7 points cheaper than in a job's later epochs
-    (docs/benchmarks.md, "Mixtures")."""
+    to ~5% more CPU per row than its second, a mixture's about the same), so a first pass's
+    ratio can understate a job's later epochs (docs/benchmarks.md, "Mixtures")."""
     c0, t0 = time.process_time(), time.perf_counter()
     it = iter(make())
     first = count(next(it))
