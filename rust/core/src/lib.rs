@@ -20,10 +20,12 @@
 //! - [`mix`]: a weighted mixture of named sources, one stream per source (rule, schedule,
 //!   resume, mixed stream).
 //! - [`pack`]: token packing into rows of `seq_len` tokens, pending documents as row references.
+//! - [`alloc`]: the allocator the extension runs on (large freed buffers kept for reuse).
 //!
 //! No Python here: the bindings crate (`rust/python`) only converts types and errors.
 
 pub mod access;
+pub mod alloc;
 pub mod catalog;
 mod decode;
 pub mod elastic;

@@ -22,6 +22,7 @@ mod stream;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use shardstream_core::alloc::Recycling;
 
 use crate::access::RawRows;
 use crate::catalog::RawCatalog;
@@ -30,6 +31,12 @@ use crate::resume::{state_to_py, RawResume};
 use crate::sampler::{RawRun, RawSampler};
 use crate::settings::RawSettings;
 use crate::stream::RawStream;
+
+/// Every Rust allocation of the extension (decoded batches, pages, batches handed to Python and
+/// freed by it through Arrow's release callbacks, which run this library's code): large freed
+/// blocks are kept for reuse, up to 16 MiB (`shardstream_core::alloc`).
+#[global_allocator]
+static ALLOC: Recycling = Recycling::new(16 << 20);
 
 /// A copy of one saved state in which its stream has skipped `n` more items (nothing read).
 #[pyfunction]
