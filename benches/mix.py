@@ -20,7 +20,8 @@
 
 Every figure is the median (min–max) of ``--runs`` fresh processes (forked from a server that
 imported the libraries once; ``benchlib.run_forked``), run interleaved, with the 1-minute load
-beside it. ``python benches/mix.py [--rows N] [--runs R] [--quick] [--json out.json]``.
+beside it. ``python benches/mix.py [--rows N] [--runs R] [--tokens-len LO,HI] [--quick]
+[--json out.json]``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ PRELOAD = ["pyarrow", "pyarrow.parquet", "numpy", "torch", "shardstream", "datas
 # ------------------------------------------------------------------ data
 
 
-def make_data(root: str, rows: int, k: int) -> list[str]:
-    """K source directories with uneven sizes (1..K parts of ``rows``), [id, tokens]."""
+TOKENS_LEN = (16, 128)
+
+
+def make_data(root: str, rows: int, k: int, tokens_len: tuple[int, int] = TOKENS_LEN) -> list[str]:
+    """K source directories with uneven sizes (1..K parts of ``rows``), [id, tokens] with
+    ``tokens_len`` items per row (``datagen``'s half-open range)."""
     from shardstream import datagen
 
     parts = [i + 1 for i in range(k)]
@@ -53,14 +58,16 @@ def make_data(root: str, rows: int, k: int) -> list[str]:
     start = 0
     for i, p in enumerate(parts):
         n = rows * p // sum(parts)
-        d = os.path.join(root, f"rows{rows}-k{k}", f"src{i}")  # never reuse other sizes
+        lo, hi = tokens_len
+        sized = f"rows{rows}-k{k}" + ("" if tokens_len == TOKENS_LEN else f"-t{lo}-{hi}")
+        d = os.path.join(root, sized, f"src{i}")  # never reuse other sizes
         if not os.path.isdir(d):
             datagen.write_shards(
                 d,
                 num_shards=2,
                 rows_per_shard=n // 2,
                 row_group_size=8192,
-                tokens_len=(16, 128),
+                tokens_len=tokens_len,
                 start_id=start,
                 seed=i,
             )
@@ -300,7 +307,7 @@ def section_callgrind(root: str, args: Any, ks: list[int]) -> list[dict[str, Any
     table, out = [], []
     output, combine = args.cg_output, args.cg_combine
     for k in ks:
-        dirs = make_data(root, args.rows, k)
+        dirs = make_data(root, args.rows, k, args.tokens_len)
         for shuffle in (int(x) for x in args.cg_shuffle.split(",")):
             base = dict(
                 dirs=dirs,
@@ -357,6 +364,13 @@ def main() -> int:
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument(
+        "--tokens-len",
+        type=lambda v: tuple(int(x) for x in v.split(",")),
+        default=TOKENS_LEN,
+        help="items per row, LO,HI (half-open; default %(default)s: short rows, where the "
+        "mixer's per-row cost weighs most; 64,512 is make bench's tokens workload)",
+    )
+    p.add_argument(
         "--callgrind", action="store_true", help="only (e): instructions per row under callgrind"
     )
     p.add_argument("--cg-out", default=None, help="with --callgrind: keep callgrind's outputs here")
@@ -384,10 +398,12 @@ def main() -> int:
     results: dict[str, Any] = {
         "rows": args.rows,
         "batch": args.batch,
+        "tokens_len": list(args.tokens_len),
         "load_start": benchlib.load1(),
     }
     print(
-        f"# mixture benchmarks: {args.rows:,} rows, batch {args.batch}, {args.runs} run(s) each, "
+        f"# mixture benchmarks: {args.rows:,} rows of {args.tokens_len[0]}..{args.tokens_len[1]} "
+        f"tokens, batch {args.batch}, {args.runs} run(s) each, "
         f"1-min load at start {results['load_start']:.1f} (cpus {os.cpu_count()})"
     )
 
@@ -399,7 +415,7 @@ def main() -> int:
     # (a) overhead: per row (after the first item) and fixed (open + first item), CPU and wall
     table = []
     for k in ks:
-        dirs = make_data(root, args.rows, k)
+        dirs = make_data(root, args.rows, k, args.tokens_len)
         for output, combine, shuffle, threads in (
             ("arrow", "mixed", 0, 0),
             ("arrow", "mixed", 0, None),
@@ -465,7 +481,7 @@ def main() -> int:
     )
 
     # (b) resume time vs position
-    dirs = make_data(root, args.rows, 3)
+    dirs = make_data(root, args.rows, 3, args.tokens_len)
     n_batches = args.rows // args.batch
     table = []
     for frac in (0.01, 0.5, 0.99):
@@ -489,7 +505,7 @@ def main() -> int:
     # (c) state size vs sources
     table = []
     for k in (1, 2, 4, 8, 16):
-        d = make_data(root, max(args.rows // 10, 2000 * k), k)
+        d = make_data(root, max(args.rows // 10, 2000 * k), k, args.tokens_len)
         spec = dict(kind="size", dirs=d, batch=16, output="arrow", at=5)
         (r,) = runs_of([spec], 1)
         table.append([str(k), f"{r[0]['bytes']:,}"])
