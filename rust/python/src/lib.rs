@@ -4,7 +4,7 @@
 //! in `convert.rs` (a stream's per-step `state_dict()` in `state_dict.rs`) and errors in
 //! `error.rs`.
 //! Behaviour belongs in the core; every call that reads, decodes or validates releases the GIL.
-//! This file only registers.
+//! This file only registers the module, and installs the extension's global allocator.
 
 mod access;
 mod catalog;
