@@ -33,10 +33,11 @@ use crate::settings::RawSettings;
 use crate::stream::RawStream;
 
 /// Every Rust allocation of the extension (decoded batches, pages, batches handed to Python and
-/// freed by it through Arrow's release callbacks, which run this library's code): large freed
-/// blocks are kept for reuse, up to 16 MiB (`shardstream_core::alloc`).
+/// freed by it through Arrow's release callbacks, which run this library's code): large blocks
+/// are mapped on their own, and freed ones kept for reuse up to 32 MiB
+/// (`shardstream_core::alloc`).
 #[global_allocator]
-static ALLOC: Recycling = Recycling::new(16 << 20);
+static ALLOC: Recycling = Recycling::new(32 << 20);
 
 /// A copy of one saved state in which its stream has skipped `n` more items (nothing read).
 #[pyfunction]
