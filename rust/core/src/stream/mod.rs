@@ -800,6 +800,40 @@ mod tests {
         }
     }
 
+    /// The retained batches stay within the compaction bound after every batch, and compaction
+    /// makes batches of at most `read_batch_rows` rows (not one of every moved row), while the
+    /// epoch still yields every row once.
+    #[test]
+    fn compaction_bounds_the_retained_rows_in_batches_of_read_batch_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[3000, 1000], 100);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        let (buffer, rbr) = (400usize, 5usize);
+        let mut s = Stream::new(cat, opts(buffer, 0, 1), Slot::new(0, 1).unwrap()).unwrap();
+        // Without compaction 5-row batches would keep ~2.3x the buffer's rows (a batch lives
+        // until the last of its rows leaves: H(5) buffer lengths), over the bound checked here.
+        let (mut seen, mut largest) = (Vec::new(), 0);
+        while let Some(b) = s.next_batch(7).unwrap() {
+            seen.extend(ids(&b));
+            let data = s.data.as_ref().unwrap();
+            let input = data.input.pinned;
+            let mut held = 0;
+            for (i, b) in data.slab.batches.iter().enumerate() {
+                if let (Some(b), false) = (b, Some(i as u32) == input) {
+                    held += b.num_rows();
+                    largest = largest.max(b.num_rows());
+                }
+            }
+            assert!(
+                held <= buffer * COMPACT_FROM / 64 + rbr,
+                "{held} rows retained"
+            );
+        }
+        assert!(largest <= rbr, "a retained batch of {largest} rows");
+        seen.sort_unstable();
+        assert_eq!(seen, (0..4000).collect::<Vec<i64>>());
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
