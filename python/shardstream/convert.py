@@ -174,12 +174,13 @@ class Batch(dict):  # type: ignore[type-arg]
     """A batch with ``output="torch"``: a plain ``dict`` of column -> value, with one difference,
     about moving it between processes. Sent through a ``multiprocessing`` pipe (a DataLoader
     worker's result queue), each of its CPU tensors of at most 64 KiB (and those in a tuple or
-    list value, e.g. ``list_format="offsets"``'s pair) travels inside the pickle and is rebuilt
-    as a tensor of the same dtype, shape and values, instead of being moved to a shared-memory
-    segment whose file descriptor is then passed over a socket: that costs ~1 ms of CPU per
-    tensor between the worker and the main process, most of a small batch's transfer.
-    Larger tensors take torch's shared-memory path as before. Other picklers (``pickle``,
-    ``torch.save``) are unaffected.
+    list value, e.g. ``list_format="offsets"``'s pair, or a ``"nested"`` column's offsets)
+    travels inside the pickle and is rebuilt as a tensor of the same dtype, shape and values,
+    instead of being moved to a shared-memory segment whose file descriptor is then passed over
+    a socket: that costs ~1 ms of CPU per tensor between the worker and the main process, most
+    of a small batch's transfer. Larger tensors take torch's shared-memory path as before; a
+    2-D jagged nested tensor travels as its values and offsets and is rebuilt from them. Other
+    picklers (``pickle``, ``torch.save``) are unaffected.
     """
 
     __slots__ = ()
@@ -208,10 +209,42 @@ def _tensor_from_numpy(array: np.ndarray) -> Any:
     return torch.from_numpy(array)
 
 
+class _Nested:
+    """A jagged nested tensor (``list_format="nested"``) pickled as its values and offsets, each
+    as :func:`_inline` sends a tensor (the offsets, small, inside the pickle), and rebuilt from
+    them: torch's own pickling of it sends every component through shared memory."""
+
+    __slots__ = ("offsets", "values")
+
+    def __init__(self, values: Any, offsets: Any) -> None:
+        self.values, self.offsets = values, offsets
+
+    def __reduce__(self) -> Any:
+        return (_nested_from_jagged, (self.values, self.offsets))
+
+
+def _nested_from_jagged(values: Any, offsets: Any) -> Any:
+    import torch
+
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
 def _inline(v: Any, torch: Any) -> Any:
     """``v`` with its small plain CPU tensors (top level, or in a plain tuple/list) wrapped to
-    travel inside the pickle; anything else as it is."""
+    travel inside the pickle, and a 2-D jagged nested tensor as its values and offsets (rebuilt
+    as it was made: ``nested_tensor_from_jagged``); anything else as it is."""
     t = type(v)
+    if (
+        t is not torch.Tensor
+        and isinstance(v, torch.Tensor)
+        and v.is_nested
+        and v.layout is torch.jagged
+        and v.dim() == 2
+        and v.device.type == "cpu"
+        and not v.requires_grad
+        and v.lengths() is None
+    ):
+        return _Nested(_inline(v.values(), torch), _inline(v.offsets(), torch))
     if t is torch.Tensor:
         if (
             v.device.type == "cpu"

@@ -270,8 +270,17 @@ def test_batch_pipe_pickle_inlines_small_tensors_and_plain_pickle_is_a_dict():
     Converter("torch", pa.schema([]))  # registers the pipe reducer, as any torch stream does
     small = torch.arange(5, dtype=torch.int32)
     big = torch.arange(20_000, dtype=torch.float64)  # 160 kB
+    nested = torch.nested.nested_tensor_from_jagged(
+        torch.arange(7, dtype=torch.int32), torch.tensor([0, 3, 3, 7])
+    )
+    nested_big = torch.nested.nested_tensor_from_jagged(big, torch.tensor([0, 19_999, 20_000]))
     b = Batch(
-        id=torch.arange(3), tokens=(small, torch.tensor([0, 2, 5])), big=big, name=["a", "b", "c"]
+        id=torch.arange(3),
+        tokens=(small, torch.tensor([0, 2, 5])),
+        big=big,
+        name=["a", "b", "c"],
+        nested=nested,
+        nested_big=nested_big,
     )
     out = pickle.loads(ForkingPickler.dumps(b))
     assert type(out) is Batch and list(out) == list(b)
@@ -279,6 +288,12 @@ def test_batch_pipe_pickle_inlines_small_tensors_and_plain_pickle_is_a_dict():
     assert type(out["tokens"]) is tuple
     assert not out["id"].is_shared() and not out["tokens"][0].is_shared()
     assert out["big"].is_shared()  # the shared-memory path, as before
+    # a nested column: rebuilt from its values and offsets, the offsets inside the pickle
+    for k in ("nested", "nested_big"):
+        assert out[k].is_nested and out[k].layout is torch.jagged
+        assert torch.equal(out[k].offsets(), b[k].offsets()) and not out[k].offsets().is_shared()
+        assert torch.equal(out[k].values(), b[k].values())
+    assert not out["nested"].values().is_shared() and out["nested_big"].values().is_shared()
     for t in (out["id"], *out["tokens"]):  # writable, own memory
         t.add_(0)
     plain = pickle.loads(pickle.dumps(b))
