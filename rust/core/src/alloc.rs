@@ -214,6 +214,9 @@ fn mapped_size(size: usize) -> usize {
 /// ~95 MiB free inside glibc's heaps at its peak; docs/benchmarks.md).
 #[cfg(unix)]
 mod pages {
+    /// The smallest page size of the platforms we build for: a mapping is aligned to the real
+    /// page size, at least this, and the kernel rounds lengths up to whole real pages in
+    /// `mmap`, `munmap` and `mremap` alike, so a block's size need only be the same each time.
     pub const PAGE: usize = 4096;
 
     pub unsafe fn map(size: usize) -> *mut u8 {
@@ -464,7 +467,7 @@ mod tests {
     }
 
     #[test]
-    fn a_held_lock_sends_every_call_to_the_system() {
+    fn a_held_lock_leaves_the_kept_blocks_alone() {
         let a = Recycling::new(32 << 20);
         unsafe {
             let p = a.alloc(layout(1 << 20, 8));
