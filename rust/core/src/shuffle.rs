@@ -12,6 +12,8 @@
 //! that carry a data location; `advance` runs the very same code with coordinates only (`D = ()`),
 //! which is how a position inside an output batch is turned into a state without reading data.
 
+use std::collections::VecDeque;
+
 use crate::error::Result;
 use crate::rng::Prng;
 
@@ -72,6 +74,101 @@ impl<D: Copy> Buffer<D> {
     }
 }
 
+/// When the rows now in a full buffer will leave: a copy of the buffer's PRNG run up to
+/// `horizon` steps ahead of it.
+///
+/// While the buffer is full and input remains, every step draws `below(capacity)` and replaces
+/// the row at that position, so the row at position `j` leaves at the next step that draws `j`:
+/// the draws alone say it, without the rows. That holds until the input runs out (then rows are
+/// swap-removed and positions move), so nothing past that step is predicted.
+///
+/// The stream uses it to copy rows that leave together into the same new batch when it compacts
+/// (`stream::compact`): such a batch is freed whole soon after, instead of emptying at random
+/// and being compacted again. Only the draws are kept (a step costs one draw); the positions
+/// asked about are looked up in one pass over them.
+pub struct Departures {
+    ahead: Prng,
+    capacity: u64,
+    /// Steps taken since it was made.
+    steps: u64,
+    /// Steps predicted at most: the input runs out after them.
+    end: u64,
+    horizon: usize,
+    /// The positions the next steps draw, from the next one on.
+    draws: VecDeque<u32>,
+    /// Scratch for [`Departures::leave_in`]: per position, 1 + its index among those asked
+    /// about, 0 otherwise (all 0 between calls).
+    asked: Vec<u32>,
+}
+
+impl Departures {
+    /// For a buffer that is full (`capacity` rows) with `input_left` rows still to take, whose
+    /// PRNG is `rng` before its next step; `None` if that is not the case (while filling,
+    /// draining or above capacity, positions don't follow the draws alone).
+    pub fn new<D>(buffer: &Buffer<D>, rng: &Prng, input_left: u64, horizon: usize) -> Option<Self> {
+        let capacity = buffer.capacity;
+        if buffer.rows.len() != capacity || input_left == 0 || capacity == 0 {
+            return None;
+        }
+        let horizon = horizon.max(1);
+        let mut d = Departures {
+            ahead: rng.clone(),
+            capacity: capacity as u64,
+            steps: 0,
+            end: input_left,
+            horizon,
+            draws: VecDeque::with_capacity(horizon.min(input_left as usize)),
+            asked: vec![0; capacity],
+        };
+        d.fill();
+        Some(d)
+    }
+
+    /// Draw until the horizon or the end.
+    fn fill(&mut self) {
+        while self.draws.len() < self.horizon && self.steps + (self.draws.len() as u64) < self.end {
+            self.draws.push_back(self.ahead.below(self.capacity) as u32);
+        }
+    }
+
+    /// The buffer took one step (it drew the front draw).
+    pub fn step(&mut self) {
+        self.draws.pop_front();
+        self.steps += 1;
+        self.fill();
+    }
+
+    /// Steps taken since it was made.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// For each of `positions` (distinct, below the capacity), the steps from now until the row
+    /// there leaves; `u64::MAX` if that is beyond the horizon or the end.
+    pub fn leave_in(&mut self, positions: &[usize]) -> Vec<u64> {
+        let mut out = vec![u64::MAX; positions.len()];
+        for (k, &p) in positions.iter().enumerate() {
+            self.asked[p] = k as u32 + 1;
+        }
+        let mut left = positions.len();
+        for (t, &j) in self.draws.iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let a = &mut self.asked[j as usize];
+            if *a != 0 {
+                out[*a as usize - 1] = t as u64;
+                *a = 0;
+                left -= 1;
+            }
+        }
+        for &p in positions {
+            self.asked[p] = 0;
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +213,51 @@ mod tests {
             let out = run(len, cap, seed);
             for (pos, &r) in out.iter().enumerate() {
                 prop_assert!(r <= pos as u64 + cap as u64);
+            }
+        }
+    }
+
+    proptest! {
+        /// Every prediction comes true, and a row not predicted stays beyond the horizon (or
+        /// beyond the end of the input).
+        #[test]
+        fn departures_predict_when_each_buffered_row_leaves(
+            len in 1u64..400, cap in 1usize..48, seed in any::<u64>(),
+            at in 0u64..400, horizon in 1usize..100, later in 0u64..60,
+        ) {
+            let mut b = Buffer::new(cap);
+            let mut rng = Prng::new(derive_key("t", &[seed]));
+            let (mut cursor, mut emitted) = (0, 0);
+            let mut src = Counter(0);
+            while emitted < at && b.step(&mut rng, &mut src, &mut cursor, len, &mut emitted).unwrap().is_some() {}
+            let Some(mut d) = Departures::new(&b, &rng, len - cursor, horizon) else {
+                prop_assert!(b.rows.len() != cap || cursor == len);
+                return Ok(());
+            };
+            // Stepped in sync for a while first: predictions made later are as good.
+            for _ in 0..later {
+                if cursor == len {
+                    break;
+                }
+                b.step(&mut rng, &mut src, &mut cursor, len, &mut emitted).unwrap();
+                d.step();
+            }
+            let steady = len - cursor;
+            let all: Vec<usize> = (0..b.rows.len()).collect();
+            let predicted: Vec<(u64, u64)> = b.rows.iter().copied().zip(d.leave_in(&all)).collect();
+            let mut left_at = std::collections::HashMap::new();
+            let mut k = 0;
+            while let Some((r, ())) = b.step(&mut rng, &mut src, &mut cursor, len, &mut emitted).unwrap() {
+                left_at.insert(r, k);
+                k += 1;
+            }
+            let window = steady.min(horizon as u64);
+            for (r, p) in predicted {
+                if p == u64::MAX {
+                    prop_assert!(left_at[&r] >= window);
+                } else {
+                    prop_assert_eq!(left_at[&r], p);
+                }
             }
         }
     }

@@ -6,9 +6,10 @@
 //! is gathered from them in one pass (`interleave_record_batch`), or handed over as row locations
 //! in those batches (`next_rows` with `locate`: a mixture gathers every source's rows into its
 //! mixed batch in one pass). A decoded batch is dropped when its last buffered row leaves; when
-//! the retained batches hold more than 1.375x the rows the buffer needs, the buffered rows of the
-//! sparsest batches are copied into new batches and those are dropped (`compact`), so they hold at
-//! most `1.375 * shuffle_buffer + read_batch_rows` rows beside the input batch.
+//! the retained batches hold more than 1.1875x the rows the buffer needs, the buffered rows of the
+//! sparsest batches are copied into new batches, grouped by when they will leave (predicted from
+//! the PRNG: `shuffle::Departures`), and those are dropped (`compact`), so they hold at most
+//! `1.1875 * shuffle_buffer + read_batch_rows` rows beside the input batch.
 //!
 //! The state is always the position after the last *emitted* row; after a restore the buffer's
 //! rows are re-read by id: the next batch reads the rows it picks, the rest are read in the
@@ -32,7 +33,7 @@ use crate::resume::SkipLog;
 use crate::rng::{derive_key, Prng};
 use crate::settings::Settings;
 pub use crate::settings::StreamOptions;
-use crate::shuffle::Buffer;
+use crate::shuffle::{Buffer, Departures};
 use crate::state::{check_state, Seek, SlotState};
 use input::{CoordRows, DataRows, Input};
 pub use slab::Located;
@@ -537,6 +538,7 @@ impl Stream {
                 slab: Slab::default(),
                 refill: None,
                 missing: !self.buffer.rows.is_empty(),
+                departures: None,
             });
         }
         Ok(self.data.as_mut().expect("just set"))
@@ -630,6 +632,9 @@ impl Stream {
                 &mut self.emitted,
             )? {
                 Some((id, loc)) => {
+                    if let Some((_, d)) = &mut data.departures {
+                        d.step();
+                    }
                     if track {
                         self.ids.push(id);
                     }
@@ -673,65 +678,116 @@ impl Stream {
             data.slab.release(l.batch);
         }
         if data.refill.is_none() && !data.missing {
-            compact(
-                &mut data.slab,
-                &mut self.buffer.data,
+            let due = compaction_due(
+                &data.slab,
+                self.buffer.data.len(),
                 self.buffer.capacity,
                 data.input.pinned,
                 self.opts.read_batch_rows,
-                self.catalog.schema(),
-            )?;
+            );
+            if let Some(waste) = due {
+                if data
+                    .departures
+                    .as_ref()
+                    .is_none_or(|(at, d)| at + d.steps() != self.emitted)
+                {
+                    // Made when first due (a stream that never compacts never pays for it):
+                    // the draws of one buffer length ahead, then one draw per step.
+                    data.departures = Departures::new(
+                        &self.buffer,
+                        &self.rng,
+                        len - self.cursor,
+                        self.buffer.capacity,
+                    )
+                    .map(|d| (self.emitted, d));
+                }
+                compact(
+                    &mut data.slab,
+                    &mut self.buffer.data,
+                    waste,
+                    data.departures.as_mut().map(|(_, d)| d),
+                    data.input.pinned,
+                    self.opts.read_batch_rows,
+                    self.catalog.schema(),
+                )?;
+            }
         }
         Ok(out)
     }
 }
 
 /// Retained batches may hold this many rows per 64 buffered ones (plus the input batch) before
-/// the sparsest are compacted, down to [`COMPACT_TO`]: a decoded batch stays alive until its last
-/// buffered row leaves, which with random picks takes several buffer lengths. Lower bounds copy
-/// more: in a model of the buffer (random departures, 2,048-row batches), 96/80 held up to
-/// 1.56x the buffer's rows and copied 0.79 rows per row read, 88/76 1.43x and 1.17, 80/72 1.31x
-/// and 1.80; measured, 88/76 against 96/80 cut a 100k shuffle's peak by 12 MiB at the same
-/// CPU, 80/72 by 7 MiB more for 14% more CPU (docs/benchmarks.md).
-const COMPACT_FROM: usize = 88;
-const COMPACT_TO: usize = 76;
+/// the sparsest are compacted, down to [`COMPACT_TO`], at most [`COMPACT_MOVE`] of the buffer at
+/// a time: a decoded batch stays alive until its last buffered row leaves, which with random
+/// picks takes several buffer lengths. Rows that leave together are copied together
+/// ([`Departures`]), so a merged batch empties over a short span and is freed whole instead of
+/// being compacted again: in a model of the buffer (random departures, 1,024-row batches,
+/// 2 M rows through a 100k buffer), copying in batch order at 88/76 held up to 1.40x the buffer's
+/// rows and copied 1.34 rows per row read; by departure at 76/70, 1/24 at a time, 1.27x and
+/// 1.06 (72/68: 1.21x and 1.36; 1/48 at a time: 1.27x and 1.23). Measured: docs/benchmarks.md.
+const COMPACT_FROM: usize = 76;
+const COMPACT_TO: usize = 70;
+/// One compaction copies at most about this share of the buffer (or one decoded batch): the rows
+/// copied in departure order come from all the compacted batches at once, which are all freed
+/// only at the end.
+const COMPACT_MOVE: usize = 24;
 
-/// Copy the buffered rows of the sparsest retained batches into new ones and free those, once
-/// the batches hold more than [`COMPACT_FROM`]/64 of the buffered rows (see there). Compacting
-/// only the sparsest keeps both the memory held and the rows copied small: all of the buffer
-/// copied at once held three buffers' worth at the peak.
-fn compact(
-    slab: &mut Slab,
-    entries: &mut [Loc],
+/// Rows to free when the retained batches hold more than [`COMPACT_FROM`]/64 of the buffered
+/// rows (see there), `None` when they don't.
+fn compaction_due(
+    slab: &Slab,
+    entries: usize,
     capacity: usize,
     pinned: Option<u32>,
     read_batch_rows: usize,
-    schema: &arrow_schema::SchemaRef,
-) -> Result<()> {
+) -> Option<usize> {
     // While the buffer drains at the end of an epoch the batches empty with it: measured
     // against the capacity, draining never compacts (rows only leave).
-    let buffered = entries.len().max(capacity);
+    let buffered = entries.max(capacity);
     let input = pinned
         .and_then(|p| slab.batches[p as usize].as_ref())
         .map_or(0, |b| b.num_rows());
     let held = slab.live_rows - input;
-    if entries.is_empty() || held <= buffered * COMPACT_FROM / 64 + read_batch_rows {
-        return Ok(());
-    }
-    let chosen = slab.sparsest(pinned, held - buffered * COMPACT_TO / 64);
+    (entries > 0 && held > buffered * COMPACT_FROM / 64 + read_batch_rows)
+        .then(|| held - buffered * COMPACT_TO / 64)
+}
+
+/// Copy the buffered rows of the sparsest retained batches into new ones and free those, until
+/// about `waste` unreferenced rows are freed or [`COMPACT_MOVE`] of the buffer is copied (see
+/// there). Compacting only the sparsest keeps both the memory held and the rows copied small:
+/// all of the buffer copied at once held three buffers' worth at the peak.
+fn compact(
+    slab: &mut Slab,
+    entries: &mut [Loc],
+    waste: usize,
+    departures: Option<&mut Departures>,
+    pinned: Option<u32>,
+    read_batch_rows: usize,
+    schema: &arrow_schema::SchemaRef,
+) -> Result<()> {
+    let max_moved = (entries.len() / COMPACT_MOVE).max(read_batch_rows);
+    let chosen = slab.sparsest(pinned, waste, max_moved);
     let mut picked = vec![false; slab.batches.len()];
     for &b in &chosen {
         picked[b as usize] = true;
     }
-    let mut moved: Vec<usize> = (0..entries.len())
+    let moved: Vec<usize> = (0..entries.len())
         .filter(|&i| picked.get(entries[i].batch as usize) == Some(&true))
         .collect();
-    // Copied a decoded batch's worth of rows at a time, in the order of the batches they come
-    // from: each batch is freed as soon as its last row is copied, and each merged batch is the
-    // size of a decoded one, so the next merged batch (and the next decoded one) reuses the
-    // memory the last ones freed (`alloc::Recycling`), instead of all of them staying alive
-    // beside one merged batch of every moved row in fresh memory.
-    moved.sort_unstable_by_key(|&i| (entries[i].batch, entries[i].row));
+    // A decoded batch's worth of rows at a time, in the order they will leave (rows not
+    // predicted last, in the order of the batches they come from), so each merged batch empties
+    // over a short span and is freed whole; merged batches are the size of a decoded one, so
+    // the next merged batch (and the next decoded one) reuses the memory the last ones freed
+    // (`alloc::Recycling`). Each compacted batch is freed as soon as its last row is copied.
+    let leave = match departures {
+        Some(d) => d.leave_in(&moved),
+        None => vec![u64::MAX; moved.len()],
+    };
+    let mut order: Vec<(u64, Loc, usize)> = (moved.iter().zip(leave))
+        .map(|(&i, t)| (t, entries[i], i))
+        .collect();
+    order.sort_unstable_by_key(|&(t, l, _)| (t, l.batch, l.row));
+    let moved: Vec<usize> = order.into_iter().map(|(_, _, i)| i).collect();
     for chunk in moved.chunks(read_batch_rows.max(1)) {
         let locs: Vec<Loc> = chunk.iter().map(|&i| entries[i]).collect();
         let merged = slab.gather(schema, &locs)?;
@@ -739,6 +795,7 @@ fn compact(
             slab.release(l.batch);
         }
         let id = slab.insert(merged, locs.len() as u32);
+        slab.copied += locs.len() as u64;
         for (k, &i) in chunk.iter().enumerate() {
             entries[i] = Loc {
                 batch: id,
@@ -803,6 +860,28 @@ mod tests {
     /// The retained batches stay within the compaction bound after every batch, and compaction
     /// makes batches of at most `read_batch_rows` rows (not one of every moved row), while the
     /// epoch still yields every row once.
+    #[test]
+    fn compaction_copies_rows_that_leave_together_into_the_same_batch() {
+        // Copied in the order they leave, rows are copied about once: a merged batch is freed
+        // whole soon after. Copied in the order of their batches, merged batches empty at
+        // random like decoded ones and are compacted again.
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_shards(dir.path(), &[12000], 100);
+        let cat = Arc::new(Catalog::open(&files, None).unwrap());
+        let mut o = opts(400, 0, 1);
+        o.read_batch_rows = 16;
+        let mut s = Stream::new(cat, o, Slot::new(0, 1).unwrap()).unwrap();
+        let mut seen = Vec::new();
+        while let Some(b) = s.next_batch(7).unwrap() {
+            seen.extend(ids(&b));
+        }
+        // 12,868 rows copied; 15,348 in the order of their batches.
+        let copied = s.data.as_ref().unwrap().slab.copied;
+        assert!(copied < 13_800, "{copied} rows copied for 12,000 read");
+        seen.sort_unstable();
+        assert_eq!(seen, (0..12000).collect::<Vec<i64>>());
+    }
+
     #[test]
     fn compaction_bounds_the_retained_rows_in_batches_of_read_batch_rows() {
         let dir = tempfile::tempdir().unwrap();

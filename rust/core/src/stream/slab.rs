@@ -14,7 +14,7 @@ use super::input::Input;
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::reader::read_rows_until;
-use crate::shuffle::Buffer;
+use crate::shuffle::{Buffer, Departures};
 
 /// Where a buffered row's data is: a slab entry and a row in it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -30,6 +30,8 @@ pub(super) struct Slab {
     pub(super) refs: Vec<u32>,
     pub(super) free: Vec<u32>,
     pub(super) live_rows: usize,
+    /// Rows copied by compaction (`stream::compact`), for diagnostics.
+    pub(super) copied: u64,
 }
 
 impl Slab {
@@ -60,10 +62,11 @@ impl Slab {
         }
     }
 
-    /// Slab entries to compact so that about `waste` rows no buffer entry points at are freed:
+    /// Slab entries to compact so that about `waste` rows no buffer entry points at are freed,
+    /// copying about `max_moved` buffered rows at most (at least one entry if any qualifies):
     /// the live batches with the smallest share of referenced rows first (most freed per row
     /// copied), never `keep` (the input batch still being read into the buffer).
-    pub(super) fn sparsest(&self, keep: Option<u32>, waste: usize) -> Vec<u32> {
+    pub(super) fn sparsest(&self, keep: Option<u32>, waste: usize, max_moved: usize) -> Vec<u32> {
         let mut live: Vec<(u32, usize, usize)> = (self.batches.iter().zip(&self.refs))
             .enumerate()
             .filter(|&(i, _)| Some(i as u32) != keep)
@@ -72,13 +75,14 @@ impl Slab {
             .collect();
         // refs / rows ascending, compared without division.
         live.sort_unstable_by(|a, b| (a.2 * b.1).cmp(&(b.2 * a.1)));
-        let mut freed = 0;
+        let (mut freed, mut moved) = (0, 0);
         let mut out = Vec::new();
         for (i, rows, refs) in live {
-            if freed >= waste {
+            if freed >= waste || (moved >= max_moved && !out.is_empty()) {
                 break;
             }
             freed += rows - refs;
+            moved += refs;
             out.push(i);
         }
         out
@@ -162,6 +166,9 @@ pub(super) struct DataSide {
     pub(super) refill: Option<Refill>,
     /// Some buffer entries may be [`Loc::MISSING`] and no refill covers them.
     pub(super) missing: bool,
+    /// When the buffered rows leave, for compaction: made when it is first due, then stepped
+    /// with the buffer; with the stream's `emitted` when it was made.
+    pub(super) departures: Option<(u64, Departures)>,
 }
 
 impl Loc {
