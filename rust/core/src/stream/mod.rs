@@ -717,20 +717,21 @@ impl Stream {
 }
 
 /// Retained batches may hold this many rows per 64 buffered ones (plus the input batch) before
-/// the sparsest are compacted, down to [`COMPACT_TO`], at most [`COMPACT_MOVE`] of the buffer at
-/// a time: a decoded batch stays alive until its last buffered row leaves, which with random
+/// the sparsest are compacted, down to [`COMPACT_TO`], at most 1/[`COMPACT_MOVE`] of the buffer
+/// at a time: a decoded batch stays alive until its last buffered row leaves, which with random
 /// picks takes several buffer lengths. Rows that leave together are copied together
 /// ([`Departures`]), so a merged batch empties over a short span and is freed whole instead of
-/// being compacted again: in a model of the buffer (random departures, 1,024-row batches,
-/// 2 M rows through a 100k buffer), copying in batch order at 88/76 held up to 1.40x the buffer's
-/// rows and copied 1.34 rows per row read; by departure at 76/70, 1/24 at a time, 1.27x and
-/// 1.06 (72/68: 1.21x and 1.36; 1/48 at a time: 1.27x and 1.23). Measured: docs/benchmarks.md.
+/// being compacted again. In a model of the buffer (random departures, 2,048-row batches, 2 M
+/// rows through a 100k buffer, the peak counting the rows being copied), copying in batch order
+/// at 88/76 held up to 1.43x the buffer's rows and copied 1.31 rows per row read; by departure at
+/// 76/70, 1/12 at a time, 1.34x and 1.00 (1/24 at a time: 1.30x and 1.18; 72/68: 1.24x and
+/// 1.50). Measured (1/12 had the lower peak and CPU): docs/benchmarks.md.
 const COMPACT_FROM: usize = 76;
 const COMPACT_TO: usize = 70;
-/// One compaction copies at most about this share of the buffer (or one decoded batch): the rows
+/// One compaction copies at most about 1/this of the buffer (or one decoded batch): the rows
 /// copied in departure order come from all the compacted batches at once, which are all freed
 /// only at the end.
-const COMPACT_MOVE: usize = 24;
+const COMPACT_MOVE: usize = 12;
 
 /// Rows to free when the retained batches hold more than [`COMPACT_FROM`]/64 of the buffered
 /// rows (see there), `None` when they don't.
@@ -875,7 +876,7 @@ mod tests {
         while let Some(b) = s.next_batch(7).unwrap() {
             seen.extend(ids(&b));
         }
-        // 12,868 rows copied; 15,348 in the order of their batches.
+        // 11,893 rows copied; 17,190 in the order of their batches.
         let copied = s.data.as_ref().unwrap().slab.copied;
         assert!(copied < 13_800, "{copied} rows copied for 12,000 read");
         seen.sort_unstable();
