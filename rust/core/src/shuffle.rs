@@ -106,10 +106,15 @@ pub struct Departures {
 impl Departures {
     /// For a buffer that is full (`capacity` rows) with `input_left` rows still to take, whose
     /// PRNG is `rng` before its next step; `None` if that is not the case (while filling,
-    /// draining or above capacity, positions don't follow the draws alone).
+    /// draining or above capacity, positions don't follow the draws alone; nor for a buffer of
+    /// more than 2^32 rows, whose positions the draws' `u32`s could not hold).
     pub fn new<D>(buffer: &Buffer<D>, rng: &Prng, input_left: u64, horizon: usize) -> Option<Self> {
         let capacity = buffer.capacity;
-        if buffer.rows.len() != capacity || input_left == 0 || capacity == 0 {
+        if buffer.rows.len() != capacity
+            || input_left == 0
+            || capacity == 0
+            || capacity > u32::MAX as usize
+        {
             return None;
         }
         let horizon = horizon.max(1);

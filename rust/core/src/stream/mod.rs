@@ -754,7 +754,7 @@ fn compaction_due(
 }
 
 /// Copy the buffered rows of the sparsest retained batches into new ones and free those, until
-/// about `waste` unreferenced rows are freed or [`COMPACT_MOVE`] of the buffer is copied (see
+/// about `waste` unreferenced rows are freed or 1/[`COMPACT_MOVE`] of the buffer is copied (see
 /// there). Compacting only the sparsest keeps both the memory held and the rows copied small:
 /// all of the buffer copied at once held three buffers' worth at the peak.
 fn compact(
@@ -858,9 +858,6 @@ mod tests {
         }
     }
 
-    /// The retained batches stay within the compaction bound after every batch, and compaction
-    /// makes batches of at most `read_batch_rows` rows (not one of every moved row), while the
-    /// epoch still yields every row once.
     #[test]
     fn compaction_copies_rows_that_leave_together_into_the_same_batch() {
         // Copied in the order they leave, rows are copied about once: a merged batch is freed
@@ -883,6 +880,9 @@ mod tests {
         assert_eq!(seen, (0..12000).collect::<Vec<i64>>());
     }
 
+    /// The retained batches stay within the compaction bound after every batch, and compaction
+    /// makes batches of at most `read_batch_rows` rows (not one of every moved row), while the
+    /// epoch still yields every row once.
     #[test]
     fn compaction_bounds_the_retained_rows_in_batches_of_read_batch_rows() {
         let dir = tempfile::tempdir().unwrap();
