@@ -20,11 +20,13 @@
 //!
 //! What it keeps: blocks of [`MIN_BLOCK`]..=[`MAX_BLOCK`] bytes, their sizes rounded up to one
 //! of 4 classes per power of two (so that a batch a little larger than the last still reuses
-//! its block), at most [`SLOTS`] blocks and `cap` bytes, the least recently freed given back
-//! first, and none that [`MAX_AGE`] other frees have passed by (a block of a size no longer
-//! asked for only adds to the peak: a 100k-row shuffle's was ~6 MiB lower without such blocks,
-//! a token pass's without readahead threads 42 -> 32 MiB; docs/benchmarks.md). Smaller blocks,
-//! and blocks aligned beyond a page, go straight to [`System`].
+//! its block; a request that no kept block of its class serves takes the smallest kept one of
+//! up to twice its size, cut down to it in place, rather than fresh pages), at most [`SLOTS`]
+//! blocks and `cap` bytes, the least recently freed given back first, and none that
+//! [`MAX_AGE`] other frees have passed by (a block of a size no longer asked for only adds to
+//! the peak: a 100k-row shuffle's was ~6 MiB lower without such blocks, a token pass's without
+//! readahead threads 42 -> 32 MiB; docs/benchmarks.md). Smaller blocks, and blocks aligned
+//! beyond a page, go straight to [`System`].
 //!
 //! Never blocks: the kept blocks sit behind a try-lock; a thread that finds it taken maps a new
 //! block (or unmaps the freed one) for that call. So a child forked while another thread held it
@@ -114,17 +116,38 @@ impl Recycling {
         Some(r)
     }
 
-    /// A kept block of exactly `size` bytes.
+    /// A kept block of exactly `size` bytes, or else the smallest kept one of up to twice that,
+    /// cut down to it in place (its tail given back).
     fn take(&self, size: usize) -> Option<*mut u8> {
-        self.with(|k| {
-            let slot = k
-                .slots
-                .iter_mut()
-                .find(|s| !s.ptr.is_null() && s.size == size)?;
-            k.bytes -= size;
-            Some(std::mem::replace(slot, EMPTY).ptr)
-        })
-        .flatten()
+        let s = self
+            .with(|k| {
+                let slot = match k
+                    .slots
+                    .iter()
+                    .position(|s| !s.ptr.is_null() && s.size == size)
+                {
+                    Some(i) => i,
+                    None => {
+                        k.slots
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, s)| {
+                                !s.ptr.is_null() && s.size > size && s.size <= 2 * size
+                            })
+                            .min_by_key(|(_, s)| s.size)?
+                            .0
+                    }
+                };
+                let s = std::mem::replace(&mut k.slots[slot], EMPTY);
+                k.bytes -= s.size;
+                Some(s)
+            })
+            .flatten()?;
+        if s.size == size {
+            return Some(s.ptr);
+        }
+        // SAFETY: a kept block of s.size bytes, ours now.
+        unsafe { pages::shrink(s.ptr, s.size, size) }
     }
 
     /// Keep `ptr` (a mapped block of `size` bytes), giving the least recently freed blocks
@@ -170,7 +193,8 @@ impl Recycling {
         .unwrap_or(false)
     }
 
-    /// A mapped block for `size` bytes: a kept one of its class, else a new mapping (zero).
+    /// A mapped block for `size` bytes: a kept one ([`Recycling::take`]), else a new mapping
+    /// (zero).
     unsafe fn take_or_map(&self, size: usize, zeroed: bool) -> *mut u8 {
         let real = mapped_size(size);
         if real <= MAX_BLOCK {
@@ -251,6 +275,25 @@ mod pages {
         libc::munmap(p.cast(), size);
     }
 
+    /// `p` (`old` bytes) cut down to `new` bytes in place (the rest given back), or `None` (and
+    /// `p` given back whole) where that can't be done.
+    #[cfg(target_os = "linux")]
+    pub unsafe fn shrink(p: *mut u8, old: usize, new: usize) -> Option<*mut u8> {
+        let q = libc::mremap(p.cast(), old, new, 0);
+        if q == libc::MAP_FAILED {
+            unmap(p, old);
+            None
+        } else {
+            Some(q.cast())
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub unsafe fn shrink(p: *mut u8, old: usize, _new: usize) -> Option<*mut u8> {
+        unmap(p, old);
+        None
+    }
+
     /// `p` (`old` bytes) as a block of `new` bytes, moved without copying where it must move.
     #[cfg(target_os = "linux")]
     pub unsafe fn remap(p: *mut u8, old: usize, new: usize) -> *mut u8 {
@@ -282,6 +325,10 @@ mod pages {
     }
     pub unsafe fn unmap(p: *mut u8, size: usize) {
         System.dealloc(p, Layout::from_size_align_unchecked(size, PAGE))
+    }
+    pub unsafe fn shrink(p: *mut u8, old: usize, _new: usize) -> Option<*mut u8> {
+        unmap(p, old);
+        None
     }
     pub unsafe fn remap(p: *mut u8, old: usize, new: usize) -> *mut u8 {
         System.realloc(p, Layout::from_size_align_unchecked(old, PAGE), new)
@@ -520,6 +567,32 @@ mod tests {
     fn is_mapped(p: *mut u8) -> bool {
         let mut v = [0u8; 1];
         unsafe { libc::mincore(p.cast(), 1, v.as_mut_ptr()) == 0 }
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_larger_kept_block_is_cut_down_to_a_request_no_block_of_its_class_serves() {
+        let a = Recycling::new(32 << 20);
+        let (big, small) = (3 << 20, 2 << 20);
+        unsafe {
+            let p = a.alloc(layout(big, 8));
+            p.write_bytes(3, big);
+            a.dealloc(p, layout(big, 8));
+            // up to twice the class asked for: the same block, now a block of that class (its
+            // tail given back: where the kernel maps the next block is its business, so not
+            // checked here; kept again, it counts as the smaller class)
+            let q = a.alloc(layout(small, 8));
+            assert_eq!(q, p);
+            assert_eq!(a.kept_bytes(), Some(0));
+            assert!(std::slice::from_raw_parts(q, small).iter().all(|&b| b == 3));
+            a.dealloc(q, layout(small, 8));
+            assert_eq!(a.kept_bytes(), Some(small));
+            // more than twice: a new block
+            let r = a.alloc(layout(700_000, 8));
+            assert_ne!(r, q);
+            a.dealloc(r, layout(700_000, 8));
+            a.release();
+        }
     }
 
     #[test]
