@@ -121,23 +121,14 @@ impl Recycling {
     fn take(&self, size: usize) -> Option<*mut u8> {
         let s = self
             .with(|k| {
-                let slot = match k
+                // The smallest that fits: one of exactly this size if there is one.
+                let slot = k
                     .slots
                     .iter()
-                    .position(|s| !s.ptr.is_null() && s.size == size)
-                {
-                    Some(i) => i,
-                    None => {
-                        k.slots
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, s)| {
-                                !s.ptr.is_null() && s.size > size && s.size <= 2 * size
-                            })
-                            .min_by_key(|(_, s)| s.size)?
-                            .0
-                    }
-                };
+                    .enumerate()
+                    .filter(|(_, s)| !s.ptr.is_null() && (size..=2 * size).contains(&s.size))
+                    .min_by_key(|(_, s)| s.size)?
+                    .0;
                 let s = std::mem::replace(&mut k.slots[slot], EMPTY);
                 k.bytes -= s.size;
                 Some(s)
