@@ -96,7 +96,7 @@ pub struct Departures {
     horizon: usize,
     /// The positions the next steps draw, from the next one on.
     draws: VecDeque<u32>,
-    /// Scratch for [`Departures::leave_in`]: per position, its index among those asked about,
+    /// Scratch for [`Departures::leaving`]: per position, its index among those asked about,
     /// and a bit set while it is asked about and not found yet (a bitmap small enough to stay
     /// in the CPU's cache while the draws stream past it).
     asked: Vec<u32>,
@@ -152,25 +152,25 @@ impl Departures {
         self.steps
     }
 
-    /// For each of `positions` (distinct, below the capacity), the steps from now until the row
-    /// there leaves; `u64::MAX` if that is beyond the horizon or the end.
-    pub fn leave_in(&mut self, positions: &[usize]) -> Vec<u64> {
-        let mut out = vec![u64::MAX; positions.len()];
+    /// Those of `positions` (distinct, below the capacity) whose rows leave within the horizon,
+    /// in the order they leave: (index in `positions`, steps from now until it leaves). A
+    /// position not listed leaves beyond the horizon (or the end of the input). In that order
+    /// because the draws are scanned in it: the caller needs no sort.
+    pub fn leaving(&mut self, positions: &[usize]) -> Vec<(usize, u64)> {
         for (k, &p) in positions.iter().enumerate() {
             self.asked[p] = k as u32;
             self.waiting[p / 64] |= 1 << (p % 64);
         }
-        let mut left = positions.len();
+        let mut out = Vec::with_capacity(positions.len());
         let (front, back) = self.draws.as_slices();
         for (t, &j) in front.iter().chain(back).enumerate() {
-            if left == 0 {
+            if out.len() == positions.len() {
                 break;
             }
             let (w, bit) = (j as usize / 64, 1u64 << (j % 64));
             if self.waiting[w] & bit != 0 {
                 self.waiting[w] &= !bit;
-                out[self.asked[j as usize] as usize] = t as u64;
-                left -= 1;
+                out.push((self.asked[j as usize] as usize, t as u64));
             }
         }
         for &p in positions {
@@ -247,19 +247,31 @@ mod tests {
             };
             // Stepped in sync for a while first: predictions made later are as good.
             let all: Vec<usize> = (0..cap).collect();
+            // When each of `positions` leaves (u64::MAX: not predicted), listed in that order.
+            let leave_in = |d: &mut Departures,
+                            positions: &[usize]|
+             -> Result<Vec<u64>, TestCaseError> {
+                let soon = d.leaving(positions);
+                prop_assert!(soon.windows(2).all(|w| w[0].1 < w[1].1), "not in leaving order");
+                let mut t = vec![u64::MAX; positions.len()];
+                for (k, at) in soon {
+                    t[k] = at;
+                }
+                Ok(t)
+            };
             for _ in 0..later {
                 if cursor == len {
                     break;
                 }
-                d.leave_in(&all);
+                leave_in(&mut d, &all)?;
                 b.step(&mut rng, &mut src, &mut cursor, len, &mut emitted).unwrap();
                 d.step();
             }
             let steady = len - cursor;
             // Asked about fewer after being asked about all: the scratch is clean between calls.
             let odd: Vec<usize> = all.iter().rev().copied().filter(|j| j % 2 == 1).collect();
-            let some = d.leave_in(&odd);
-            let leave = d.leave_in(&all);
+            let some = leave_in(&mut d, &odd)?;
+            let leave = leave_in(&mut d, &all)?;
             for (k, &j) in odd.iter().enumerate() {
                 prop_assert_eq!(some[k], leave[j]);
             }

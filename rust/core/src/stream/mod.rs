@@ -6,10 +6,10 @@
 //! is gathered from them in one pass (`interleave_record_batch`), or handed over as row locations
 //! in those batches (`next_rows` with `locate`: a mixture gathers every source's rows into its
 //! mixed batch in one pass). A decoded batch is dropped when its last buffered row leaves; when
-//! the retained batches hold more than 1.09x the rows the buffer needs, the buffered rows of the
+//! the retained batches hold more than 1.08x the rows the buffer needs, the buffered rows of the
 //! sparsest batches are copied into new batches, grouped by when they will leave (predicted from
 //! the PRNG: `shuffle::Departures`), and those are dropped (`compact`), so they hold at most
-//! `1.09 * shuffle_buffer + read_batch_rows` rows beside the input batch.
+//! `1.08 * shuffle_buffer + read_batch_rows` rows beside the input batch.
 //!
 //! The state is always the position after the last *emitted* row; after a restore the buffer's
 //! rows are re-read by id: the next batch reads the rows it picks, the rest are read in the
@@ -724,11 +724,11 @@ impl Stream {
 /// being compacted again. In a model of the buffer (random departures, 2,048-row batches, 2 M
 /// rows through a 100k buffer, the peak counting the rows being copied), copying in batch order
 /// at 88/76 held up to 1.43x the buffer's rows and copied 1.31 rows per row read; by departure at
-/// 76/70, 1/12 at a time, 1.34x and 1.00. Measured on a 100k shuffle of `[id, tokens]`: at 70,
-/// 1/8 at a time, the peak RSS is ~9 MiB (4%) lower than at 76/70, 1/12, for 1.32 rows copied
-/// per row read instead of 1.00 (a few % more CPU); the lower the bound, the lower the peak and
-/// the more rows copied (docs/benchmarks.md, "Compaction from 1.09x").
-const COMPACT_FROM: usize = 70;
+/// 76/70, 1/12 at a time, 1.34x and 1.00. Measured on a 100k shuffle of `[id, tokens]`: at 69,
+/// 1/8 at a time, the peak RSS is ~11 MiB (5%) lower than at 76/70, 1/12, for 1.41 rows copied
+/// per row read instead of 1.00 (CPU within the noise, at most a few %); the lower the bound,
+/// the lower the peak and the more rows copied (docs/benchmarks.md, "Compaction from 1.08x").
+const COMPACT_FROM: usize = 69;
 /// One compaction copies at most about 1/this of the buffer (or one decoded batch): the rows
 /// copied in departure order come from all the compacted batches at once, which are all freed
 /// only at the end.
@@ -780,15 +780,22 @@ fn compact(
     // over a short span and is freed whole; merged batches are the size of a decoded one, so
     // the next merged batch (and the next decoded one) reuses the memory the last ones freed
     // (`alloc::Recycling`). Each compacted batch is freed as soon as its last row is copied.
-    let leave = match departures {
-        Some(d) => d.leave_in(&moved),
-        None => vec![u64::MAX; moved.len()],
-    };
-    let mut order: Vec<(u64, Loc, usize)> = (moved.iter().zip(leave))
-        .map(|(&i, t)| (t, entries[i], i))
-        .collect();
-    order.sort_unstable_by_key(|&(t, l, _)| (t, l.batch, l.row));
-    let moved: Vec<usize> = order.into_iter().map(|(_, _, i)| i).collect();
+    // (No comparison sort: it was ~5% of a 100k shuffle's instructions.)
+    let mut order = Vec::with_capacity(moved.len());
+    let mut listed = vec![false; moved.len()];
+    if let Some(d) = departures {
+        for (k, _) in d.leaving(&moved) {
+            listed[k] = true;
+            order.push(moved[k]);
+        }
+    }
+    let later = moved
+        .iter()
+        .zip(&listed)
+        .filter(|(_, &l)| !l)
+        .map(|(&i, _)| i);
+    order.extend(by_batch(later, entries, slab.batches.len()));
+    let moved = order;
     for chunk in moved.chunks(read_batch_rows.max(1)) {
         let locs: Vec<Loc> = chunk.iter().map(|&i| entries[i]).collect();
         let merged = slab.gather(schema, &locs)?;
@@ -805,6 +812,29 @@ fn compact(
         }
     }
     Ok(())
+}
+
+/// Buffer positions grouped by the batch their rows are in (in batch order; stable: a counting
+/// sort over the `batches` slab entries).
+fn by_batch(
+    positions: impl Iterator<Item = usize> + Clone,
+    entries: &[Loc],
+    batches: usize,
+) -> Vec<usize> {
+    let mut start = vec![0usize; batches + 1];
+    for i in positions.clone() {
+        start[entries[i].batch as usize + 1] += 1;
+    }
+    for b in 0..batches {
+        start[b + 1] += start[b];
+    }
+    let mut out = vec![0usize; start[batches]];
+    for i in positions {
+        let at = &mut start[entries[i].batch as usize];
+        out[*at] = i;
+        *at += 1;
+    }
+    out
 }
 
 /// The seek a resume from `st` (of a slot reading `spec` in `plan`'s epoch) starts with; `None`
@@ -873,9 +903,9 @@ mod tests {
         while let Some(b) = s.next_batch(7).unwrap() {
             seen.extend(ids(&b));
         }
-        // 15,797 rows copied; 29,702 in the order of their batches.
+        // 16,868 rows copied; 32,686 in the order of their batches.
         let copied = s.data.as_ref().unwrap().slab.copied;
-        assert!(copied < 19_000, "{copied} rows copied for 12,000 read");
+        assert!(copied < 20_000, "{copied} rows copied for 12,000 read");
         seen.sort_unstable();
         assert_eq!(seen, (0..12000).collect::<Vec<i64>>());
     }
