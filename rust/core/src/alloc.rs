@@ -23,10 +23,10 @@
 //! its block; a request that no kept block of its class serves takes the smallest kept one of
 //! up to twice its size, cut down to it in place, rather than fresh pages), at most [`SLOTS`]
 //! blocks and `cap` bytes, the least recently freed given back first, and none that
-//! [`MAX_AGE`] other frees have passed by (a block of a size no longer asked for only adds to
-//! the peak: a 100k-row shuffle's was ~6 MiB lower without such blocks, a token pass's without
-//! readahead threads 42 -> 32 MiB; docs/benchmarks.md). Smaller blocks, and blocks aligned
-//! beyond a page, go straight to [`System`].
+//! [`MAX_AGE`] other frees per stream reading ([`Reading`]) have passed by (a block of a size
+//! no longer asked for only adds to the peak: a 100k-row shuffle's was ~6 MiB lower without
+//! such blocks, a token pass's without readahead threads 42 -> 32 MiB; docs/benchmarks.md).
+//! Smaller blocks, and blocks aligned beyond a page, go straight to [`System`].
 //!
 //! Never blocks: the kept blocks sit behind a try-lock; a thread that finds it taken maps a new
 //! block (or unmaps the freed one) for that call. So a child forked while another thread held it
@@ -35,7 +35,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Smaller blocks come from the system allocator's heap (glibc's first mmap threshold); from
 /// this size on they are mapped, and kept up to [`MAX_BLOCK`].
@@ -44,12 +44,51 @@ pub const MIN_BLOCK: usize = 128 << 10;
 pub const MAX_BLOCK: usize = 16 << 20;
 /// Blocks kept at most.
 pub const SLOTS: usize = 64;
-/// A kept block not taken again while this many others were freed is given back.
+/// A kept block not taken again while this many others were freed, per stream reading
+/// ([`Reading`]), is given back.
 pub const MAX_AGE: u64 = 64;
+
+/// Streams reading data in this process: each holds one [`Reading`] while it decodes.
+static READING: AtomicUsize = AtomicUsize::new(0);
+
+/// One stream reading data, for [`Recycling`]'s age limit while it lives: the limit counts
+/// frees, and `k` streams read side by side (a mixture's sources) free `k` times as many blocks
+/// between one stream's use of a block and its next, so a block one of them will need again
+/// after its next batch is `k` times as many frees away. With one stream's limit, a mixture of
+/// 8 sources gave back a block and mapped a fresh one about once per 3,500 rows (page faults
+/// 2.5x one stream's over the same rows; docs/benchmarks.md, "Mixtures"). A shuffle's peak
+/// memory, set by the blocks kept at its compactions, is one stream's, so unchanged.
+pub struct Reading(());
+
+impl Reading {
+    pub fn new() -> Reading {
+        READING.fetch_add(1, Ordering::Relaxed);
+        Reading(())
+    }
+}
+
+impl Default for Reading {
+    fn default() -> Self {
+        Reading::new()
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        READING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Streams reading data in this process now.
+pub fn reading() -> usize {
+    READING.load(Ordering::Relaxed)
+}
 
 /// The allocator; `Recycling::new(cap)` keeps at most `cap` bytes of freed blocks.
 pub struct Recycling {
     cap: usize,
+    /// Streams reading ([`READING`]; a test's own counter in tests).
+    reading: &'static AtomicUsize,
     lock: AtomicBool,
     kept: UnsafeCell<Kept>,
 }
@@ -90,8 +129,14 @@ fn class(size: usize) -> Option<usize> {
 
 impl Recycling {
     pub const fn new(cap: usize) -> Recycling {
+        Recycling::counting(cap, &READING)
+    }
+
+    /// An allocator whose age limit follows `reading` streams instead of [`READING`].
+    const fn counting(cap: usize, reading: &'static AtomicUsize) -> Recycling {
         Recycling {
             cap,
+            reading,
             lock: AtomicBool::new(false),
             kept: UnsafeCell::new(Kept {
                 slots: [EMPTY; SLOTS],
@@ -99,6 +144,12 @@ impl Recycling {
                 clock: 0,
             }),
         }
+    }
+
+    /// [`MAX_AGE`] for the streams reading now (at least one; at most [`SLOTS`] streams' worth,
+    /// as no more blocks are kept anyway).
+    fn max_age(&self) -> u64 {
+        MAX_AGE * self.reading.load(Ordering::Relaxed).clamp(1, SLOTS) as u64
     }
 
     /// `f` on the kept blocks, or `None` if another thread holds them.
@@ -147,7 +198,7 @@ impl Recycling {
         if size > self.cap {
             return false;
         }
-        let cap = self.cap;
+        let (cap, age) = (self.cap, self.max_age());
         self.with(|k| {
             while k.bytes + size > cap || k.slots.iter().all(|s| !s.ptr.is_null()) {
                 let Some(oldest) = k
@@ -174,7 +225,7 @@ impl Recycling {
             k.bytes += size;
             let clock = k.clock;
             for s in k.slots.iter_mut() {
-                if !s.ptr.is_null() && clock - s.freed > MAX_AGE {
+                if !s.ptr.is_null() && clock - s.freed > age {
                     k.bytes -= s.size;
                     free(std::mem::replace(s, EMPTY));
                 }
@@ -494,21 +545,30 @@ mod tests {
     }
 
     #[test]
-    fn a_block_not_taken_again_for_max_age_frees_is_given_back() {
-        let a = Recycling::new(32 << 20);
-        let (idle, busy) = (3 << 20, 1 << 20);
-        unsafe {
-            let p = a.alloc(layout(idle, 8));
-            a.dealloc(p, layout(idle, 8));
-            for i in 0..MAX_AGE {
+    fn a_block_not_taken_again_for_max_age_frees_per_stream_is_given_back() {
+        // (Counters of its own: the tests reading streams beside this one count in READING.)
+        static NONE: AtomicUsize = AtomicUsize::new(0);
+        static THREE: AtomicUsize = AtomicUsize::new(3);
+        for (reading, streams) in [(&NONE, 1), (&THREE, 3)] {
+            let a = Recycling::counting(32 << 20, reading);
+            let (idle, busy) = (3 << 20, 1 << 20);
+            unsafe {
+                let p = a.alloc(layout(idle, 8));
+                a.dealloc(p, layout(idle, 8));
+                for i in 0..MAX_AGE * streams {
+                    let q = a.alloc(layout(busy, 8));
+                    a.dealloc(q, layout(busy, 8));
+                    assert_eq!(
+                        a.kept_bytes(),
+                        Some(idle + busy),
+                        "{streams} streams: after {i} other frees"
+                    );
+                }
                 let q = a.alloc(layout(busy, 8));
                 a.dealloc(q, layout(busy, 8));
-                assert_eq!(a.kept_bytes(), Some(idle + busy), "after {i} other frees");
+                assert_eq!(a.kept_bytes(), Some(busy), "{streams} streams: given back");
+                a.release();
             }
-            let q = a.alloc(layout(busy, 8));
-            a.dealloc(q, layout(busy, 8));
-            assert_eq!(a.kept_bytes(), Some(busy), "the idle block is given back");
-            a.release();
         }
     }
 

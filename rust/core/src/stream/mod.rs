@@ -539,6 +539,7 @@ impl Stream {
                 refill: None,
                 missing: !self.buffer.rows.is_empty(),
                 departures: None,
+                _reading: crate::alloc::Reading::new(),
             });
         }
         Ok(self.data.as_mut().expect("just set"))

@@ -169,6 +169,8 @@ pub(super) struct DataSide {
     /// When the buffered rows leave, for compaction: made when it is first due, then stepped
     /// with the buffer; with the stream's `emitted` when it was made.
     pub(super) departures: Option<(u64, Departures)>,
+    /// This stream counts as reading for the allocator's age limit while it has data.
+    pub(super) _reading: crate::alloc::Reading,
 }
 
 impl Loc {
