@@ -23,9 +23,9 @@
 //! its block; a request that no kept block of its class serves takes the smallest kept one of
 //! up to twice its size, cut down to it in place, rather than fresh pages), at most [`SLOTS`]
 //! blocks and `cap` bytes, the least recently freed given back first, and none that
-//! [`MAX_AGE`] other frees per stream reading ([`Reading`]) have passed by (a block of a size
-//! no longer asked for only adds to the peak: a 100k-row shuffle's was ~6 MiB lower without
-//! such blocks, a token pass's without readahead threads 42 -> 32 MiB; docs/benchmarks.md).
+//! [`MAX_AGE`] other frees per stream reading ([`Reading`]) have passed by while more than half
+//! the cap is kept (a block of a size no longer asked for only adds to the peak: a 100k-row
+//! shuffle's was ~6 MiB lower without such blocks; docs/benchmarks.md).
 //! Smaller blocks, and blocks aligned beyond a page, go straight to [`System`].
 //!
 //! Never blocks: the kept blocks sit behind a try-lock; a thread that finds it taken maps a new
@@ -45,7 +45,7 @@ pub const MAX_BLOCK: usize = 16 << 20;
 /// Blocks kept at most.
 pub const SLOTS: usize = 64;
 /// A kept block not taken again while this many others were freed, per stream reading
-/// ([`Reading`]), is given back.
+/// ([`Reading`]), is given back if more than half the cap is kept.
 pub const MAX_AGE: u64 = 64;
 
 /// Streams reading data in this process: each holds one [`Reading`] while it decodes.
@@ -224,11 +224,21 @@ impl Recycling {
             };
             k.bytes += size;
             let clock = k.clock;
-            for s in k.slots.iter_mut() {
-                if !s.ptr.is_null() && clock - s.freed > age {
-                    k.bytes -= s.size;
-                    free(std::mem::replace(s, EMPTY));
-                }
+            // Aged blocks go oldest first, and only while more than half the cap is kept: a
+            // stream's few blocks of sizes it asks for now and then stay (a pass over strings
+            // without readahead threads: 2.3k page faults a pass -> 0.4k), while the bursts a
+            // shuffle's compaction frees still go once they age (its peak unchanged).
+            while k.bytes > cap / 2 {
+                let Some(oldest) = k
+                    .slots
+                    .iter_mut()
+                    .filter(|s| !s.ptr.is_null() && clock - s.freed > age)
+                    .min_by_key(|s| s.freed)
+                else {
+                    break;
+                };
+                k.bytes -= oldest.size;
+                free(std::mem::replace(oldest, EMPTY));
             }
             true
         })
@@ -550,7 +560,8 @@ mod tests {
         static NONE: AtomicUsize = AtomicUsize::new(0);
         static THREE: AtomicUsize = AtomicUsize::new(3);
         for (reading, streams) in [(&NONE, 1), (&THREE, 3)] {
-            let a = Recycling::counting(32 << 20, reading);
+            // 4 MiB kept, over half of a 6 MiB cap: ageing applies.
+            let a = Recycling::counting(6 << 20, reading);
             let (idle, busy) = (3 << 20, 1 << 20);
             unsafe {
                 let p = a.alloc(layout(idle, 8));
@@ -569,6 +580,30 @@ mod tests {
                 assert_eq!(a.kept_bytes(), Some(busy), "{streams} streams: given back");
                 a.release();
             }
+        }
+    }
+
+    #[test]
+    fn aged_blocks_stay_while_at_most_half_the_cap_is_kept() {
+        static NONE: AtomicUsize = AtomicUsize::new(0);
+        let a = Recycling::counting(8 << 20, &NONE);
+        let (idle, busy) = (3 << 20, 1 << 20);
+        unsafe {
+            let p = a.alloc(layout(idle, 8));
+            a.dealloc(p, layout(idle, 8));
+            for _ in 0..4 * MAX_AGE {
+                let q = a.alloc(layout(busy, 8));
+                a.dealloc(q, layout(busy, 8));
+            }
+            // 4 MiB of an 8 MiB cap: the idle block is old, but kept.
+            assert_eq!(a.kept_bytes(), Some(idle + busy));
+            // Another 1.25 MiB block kept: over half the cap, the oldest aged one goes.
+            let r = a.alloc(layout(5 << 18, 8));
+            let q = a.alloc(layout(busy, 8));
+            a.dealloc(r, layout(5 << 18, 8));
+            a.dealloc(q, layout(busy, 8));
+            assert_eq!(a.kept_bytes(), Some(busy + (5 << 18)));
+            a.release();
         }
     }
 
