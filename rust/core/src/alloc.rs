@@ -61,15 +61,9 @@ static READING: AtomicUsize = AtomicUsize::new(0);
 pub struct Reading(());
 
 impl Reading {
-    pub fn new() -> Reading {
+    pub(crate) fn new() -> Reading {
         READING.fetch_add(1, Ordering::Relaxed);
         Reading(())
-    }
-}
-
-impl Default for Reading {
-    fn default() -> Self {
-        Reading::new()
     }
 }
 
@@ -108,6 +102,25 @@ struct Slot {
     ptr: *mut u8,
     size: usize,
     freed: u64,
+}
+
+impl Kept {
+    /// Give the least recently freed kept block that `eligible` accepts back to the system;
+    /// `false` if there is none. (Under the lock: other threads meanwhile use the system
+    /// allocator.)
+    fn give_back_oldest(&mut self, eligible: impl Fn(&Slot) -> bool) -> bool {
+        let Some(oldest) = self
+            .slots
+            .iter_mut()
+            .filter(|s| !s.ptr.is_null() && eligible(s))
+            .min_by_key(|s| s.freed)
+        else {
+            return false;
+        };
+        self.bytes -= oldest.size;
+        free(std::mem::replace(oldest, EMPTY));
+        true
+    }
 }
 
 const EMPTY: Slot = Slot {
@@ -201,17 +214,9 @@ impl Recycling {
         let (cap, age) = (self.cap, self.max_age());
         self.with(|k| {
             while k.bytes + size > cap || k.slots.iter().all(|s| !s.ptr.is_null()) {
-                let Some(oldest) = k
-                    .slots
-                    .iter_mut()
-                    .filter(|s| !s.ptr.is_null())
-                    .min_by_key(|s| s.freed)
-                else {
+                if !k.give_back_oldest(|_| true) {
                     return false;
-                };
-                k.bytes -= oldest.size;
-                // (under the lock: other threads meanwhile use the system allocator)
-                free(std::mem::replace(oldest, EMPTY));
+                }
             }
             let Some(slot) = k.slots.iter_mut().find(|s| s.ptr.is_null()) else {
                 return false;
@@ -228,18 +233,7 @@ impl Recycling {
             // stream's few blocks of sizes it asks for now and then stay (a pass over strings
             // without readahead threads: 2.3k page faults a pass -> 0.4k), while the bursts a
             // shuffle's compaction frees still go once they age (its peak unchanged).
-            while k.bytes > cap / 2 {
-                let Some(oldest) = k
-                    .slots
-                    .iter_mut()
-                    .filter(|s| !s.ptr.is_null() && clock - s.freed > age)
-                    .min_by_key(|s| s.freed)
-                else {
-                    break;
-                };
-                k.bytes -= oldest.size;
-                free(std::mem::replace(oldest, EMPTY));
-            }
+            while k.bytes > cap / 2 && k.give_back_oldest(|s| clock - s.freed > age) {}
             true
         })
         .unwrap_or(false)
