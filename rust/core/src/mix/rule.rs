@@ -396,6 +396,18 @@ impl Mixer {
         &self.taken
     }
 
+    /// Items of each source the stratified block in progress still takes (all 0 without one):
+    /// `decide` follows a block's order before any boundary, so these rows must exist.
+    pub fn block_rest(&self) -> Vec<u64> {
+        let mut rest = vec![0u64; self.taken.len()];
+        if let Some(b) = &self.block {
+            for s in b.order.iter().skip(b.at) {
+                rest[*s as usize] += 1;
+            }
+        }
+        rest
+    }
+
     /// The global item count this slot estimates: `base + since * slots`.
     pub fn global(&self) -> u64 {
         let g = self.pieces.base as u128 + self.since as u128 * self.slot.count as u128;
@@ -451,6 +463,8 @@ impl Mixer {
             *l -= 1;
         }
         if avail.left[s] != u64::MAX {
+            // a row the mixer counted on: `new_block` and the load's check keep a block inside
+            debug_assert!(avail.left[s] > 0, "source {s} taken with no row left");
             avail.left[s] -= 1;
         }
         c

@@ -151,6 +151,17 @@ impl MixStream {
                 )));
             }
         }
+        // A stratified block is served in its order before exhaustion is looked at: a loaded
+        // block taking more rows of a source than it has would read past its `max_epochs`.
+        for (s, rest) in out.mixer.block_rest().into_iter().enumerate() {
+            if rest > avail.left[s] {
+                return Err(Error::State(format!(
+                    "invalid mixer state: its stratified block still takes {rest} items of \
+                     source {:?}, but that source's own state has {} rows left",
+                    out.cfg.sources[s].name, avail.left[s]
+                )));
+            }
+        }
         Ok(out)
     }
 

@@ -650,6 +650,44 @@ fn mismatched_and_hostile_states_are_refused() {
     ));
 }
 
+/// A stratified block in progress is served before exhaustion is looked at, so a state whose
+/// block still takes rows of a source that has none left (its position swapped for one at the
+/// end of its last epoch) is refused: served, it would read that source past `max_epochs`
+/// without end.
+#[test]
+fn stratified_block_beyond_a_sources_rows_is_refused() {
+    let f = fixture(&[vec![20], vec![15]]);
+    let mut s = spec(2);
+    s.mixing = Mixing::Stratified(4);
+    s.policies = vec![(OnExhausted::Drop, Some(1)); 2];
+    s.batch = Some(1);
+    let cfg = config(&f, &s, None);
+    let l = layout(0, 1, s.even);
+    let mut a = open(&cfg, l, &MixResume::start(&cfg));
+    a.next_item().unwrap();
+    let saved = a.checkpoint(None).unwrap().to_value();
+    assert!(
+        saved["mixer"]["block"]["quotas"]["b"].as_u64().unwrap() > 0,
+        "{saved}"
+    );
+    let mut done = open(&cfg, l, &MixResume::start(&cfg));
+    drain(&cfg, &mut done);
+    let end = done.checkpoint(None).unwrap().to_value();
+    // The untouched state loads; with b's finished position it is refused.
+    let r = MixResume::load(&cfg, vec![saved.clone()], false, false).unwrap();
+    assert!(MixStream::resume(cfg.clone(), l, None, &r).is_ok());
+    let mut v = saved;
+    v["sources"]["b"]["position"] = end["sources"]["b"]["position"].clone();
+    let r = MixResume::load(&cfg, vec![v], false, false).unwrap();
+    match MixStream::resume(cfg.clone(), l, None, &r) {
+        Err(Error::State(m)) => assert!(
+            m.contains("stratified block still takes") && m.contains("\"b\""),
+            "{m}"
+        ),
+        other => panic!("expected a StateError, got {:?}", other.map(|_| ())),
+    }
+}
+
 /// A mixed batch copies each row once, from where its source holds it (a shuffled source's
 /// rows are located in its buffer's retained batches, which compaction replaces and epoch ends
 /// drop): every row of every mixed batch, all columns, is the next row of the source its tag
