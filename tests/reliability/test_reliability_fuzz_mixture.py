@@ -24,6 +24,9 @@ from test_reliability_fuzz import MUTATIONS, _env_int, mutate_state
 MIX_SETTINGS = {
     "deterministic-batches": dict(batch_size=5, mixing="deterministic"),
     "stratified-rows": dict(batch_size=None, mixing="stratified", block=4),
+    "random-rows": dict(batch_size=None, mixing="random"),
+    "stratified-batches": dict(batch_size=3, mixing="stratified", block=5),
+    "stratified-samples": dict(batch_size=None, mixing="stratified", block=6, samples=400),
 }
 
 

@@ -340,6 +340,14 @@ impl Mixer {
                 if quotas.iter().zip(&active).any(|(q, a)| *q > 0 && !a) {
                     return bad("its block takes from a source that has left".into());
                 }
+                // A block is served before the item limit is looked at (as before exhaustion).
+                if p.left.is_some_and(|l| l < n - at) {
+                    return bad(format!(
+                        "its block has {} items left to serve, but the slot only {} items",
+                        n - at,
+                        p.left.unwrap_or(0)
+                    ));
+                }
                 inner = p.since - at + n;
                 block = Some((quotas.clone(), *at));
             }
@@ -460,6 +468,7 @@ impl Mixer {
         self.items += 1;
         self.taken[s] += 1;
         if let Some(l) = &mut self.left {
+            debug_assert!(*l > 0, "an item taken past the item limit");
             *l -= 1;
         }
         if avail.left[s] != u64::MAX {
@@ -1423,6 +1432,12 @@ mod tests {
         let mut p = good.clone();
         p.deficits = vec![Some(0), None];
         bad.push(("block from a source that left", p));
+        // The block's last 2 items fit an item limit of 2, not of 1 (served, they wrapped it).
+        let mut p = good.clone();
+        p.left = Some(2);
+        Mixer::restore(r.clone(), slot, &p).unwrap();
+        p.left = Some(1);
+        bad.push(("block beyond the item limit", p));
         for (what, p) in bad {
             assert!(
                 matches!(Mixer::restore(r.clone(), slot, &p), Err(Error::State(_))),
