@@ -152,3 +152,140 @@ def test_hostile_mixture_states(mix_ctx, setting):
     print(f"\nhostile mixture states ({setting}): {dict(outcomes)}")
     assert outcomes["refused with StateError"] > 0
     assert outcomes["accepted, equal to a clean resume"] > 0
+
+
+# ------------------------------------------------------------------ hostile packed mixture states
+
+PACK_MIX_SETTINGS = {
+    # the mixture's documents packed together
+    "pack-after-mixing": dict(mix_pack=True),
+    # every source packs its own documents; the mixture mixes packed rows
+    "pack-per-source": dict(mix_pack=False),
+}
+
+
+def _packed_mixture(small, tiny, mix_pack: bool, *, swap: bool = False, **kw) -> Mixture:
+    from shardstream import Pack
+
+    roots = (tiny.root, small.root) if swap else (small.root, tiny.root)
+    pack = Pack(column="tokens", seq_len=24)
+    own = {} if mix_pack else {"pack": pack}
+    src = {
+        "a": ParquetStream(roots[0], columns=["tokens"], shuffle_buffer=6, seed=1, **own),
+        "b": ParquetStream(roots[1], columns=["tokens"], **own),
+    }
+    return Mixture(
+        src,
+        weights={"a": 2, "b": 1},
+        on_exhausted="drop",
+        max_epochs=1,
+        batch_size=2,
+        output="numpy",
+        pack=pack if mix_pack else None,
+        **kw,
+    )
+
+
+def _packed_rows(ds, limit: int) -> list:
+    """Each packed row's token ids, checked for shape: segments 1..k then padding, labels -100
+    on padding; more than `limit` items fails instead of iterating without end."""
+    out = []
+    for i, b in enumerate(ds):
+        assert i < limit, f"more than {limit} items after the load: a stream without end"
+        seg, lab, ids = b["segment_ids"], b["labels"], b["input_ids"]
+        assert ids.shape[1] == 24
+        for r in range(seg.shape[0]):
+            real = seg[r] > 0
+            k = int(real.sum())
+            assert real[:k].all() and not real[k:].any()
+            assert (lab[r][~real] == -100).all()
+            out.append((ids[r].copy(), seg[r].copy()))
+    return out
+
+
+class _PackMixCtx:
+    """States of a packed mixture along one run, another dataset's and another layout's."""
+
+    def __init__(self, small, tiny, setting: dict):
+        self.make = lambda **kw: _packed_mixture(small, tiny, **setting, **kw)
+        self.n = len(small.ids)  # (row ids in the b64 mutation's buffers stay below it)
+        ds = self.make()
+        self.states: list[Any] = [copy.deepcopy(ds.state_dict())]
+        for _ in iter(ds):
+            self.states.append(copy.deepcopy(ds.state_dict()))
+        self.full = _packed_rows(self.make(), 10**6)
+        # every real token of the data (with the EOS each document gets)
+        self.tokens = {int(t) for ids, seg in self.full for t in ids[seg > 0]}
+        other = _packed_mixture(small, tiny, **setting, swap=True)
+        next(iter(other))
+        self.other_dataset = copy.deepcopy(other.state_dict())
+        r1 = self.make(rank=1, world_size=2, even=None)
+        next(iter(r1))
+        self.other_layout = copy.deepcopy(r1.state_dict())
+
+
+@pytest.fixture(scope="module")
+def pack_mix_ctx(small, tiny):
+    return {name: _PackMixCtx(small, tiny, s) for name, s in PACK_MIX_SETTINGS.items()}
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all((x[0] == y[0]).all() for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("setting", list(PACK_MIX_SETTINGS))
+def test_hostile_packed_mixture_states(pack_mix_ctx, setting):
+    """The state mutations on a packed mixture's states (its packer's pending documents, the
+    per-source packers' states, the mixer's numbers): a StateError with a message (the mixture
+    still usable), or well-formed packed rows of the data's tokens, no more of them than the
+    whole run has, and a ``state_dict()`` that resumes the same rows."""
+    ctx = pack_mix_ctx[setting]
+    outcomes: Counter[str] = Counter()
+    limit = 2 * len(ctx.full) + 2
+
+    @settings(
+        max_examples=_env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250) // 2,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        base_i=st.integers(0, len(ctx.states) - 1),
+        muts=st.lists(
+            st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 2**32)), min_size=1, max_size=3
+        ),
+    )
+    def fuzz(base_i, muts):
+        state, log = mutate_state(ctx, base_i, muts)  # type: ignore[arg-type]
+        ds = ctx.make()
+        try:
+            ds.load_state_dict(state)
+            roundtrip = copy.deepcopy(ds.state_dict())
+            rest = _packed_rows(ds, limit)
+        except BaseException as e:  # noqa: BLE001 - PanicException must be seen
+            assert isinstance(e, Exception) and type(e).__name__ != "PanicException", (
+                f"mutations {log}: non-Exception {type(e).__mro__}: {e!r}"
+            )
+            assert isinstance(e, StateError), f"mutations {log}: {type(e).__name__}: {e}"
+            assert str(e).strip(), f"mutations {log}: StateError without a message"
+            outcomes["refused with StateError"] += 1
+            assert _same(_packed_rows(ctx.make(), limit), ctx.full)
+            return
+        got = {int(t) for ids, seg in rest for t in ids[seg > 0]}
+        assert got <= ctx.tokens, f"mutations {log}: tokens not in the data"
+        ds2 = ctx.make()
+        ds2.load_state_dict(roundtrip)
+        assert _same(_packed_rows(ds2, limit), rest), (
+            f"mutations {log}: state_dict() after the load does not resume the same"
+        )
+        n = len(ctx.full)
+        if len(rest) <= n and _same(ctx.full[n - len(rest) :], rest):
+            outcomes["accepted, equal to a clean resume"] += 1
+        else:
+            outcomes["accepted, another stream"] += 1
+
+    fuzz()
+    print(f"\nhostile packed mixture states ({setting}): {dict(outcomes)}")
+    assert outcomes["refused with StateError"] > 0
+    assert outcomes["accepted, equal to a clean resume"] > 0
