@@ -292,6 +292,42 @@ def mutate_state(ctx: _Ctx, base_i: int, muts: list[tuple[str, int]]) -> tuple[A
     return state, log
 
 
+def state_cases(n_states: int, examples: int):
+    """Hypothesis cases for a state fuzzer: a state along the run (`base_i` of `n_states`) and
+    1-3 mutations of it, `examples` of them, none remembered between runs."""
+
+    def wrap(f):
+        return settings(
+            max_examples=examples,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )(
+            given(
+                base_i=st.integers(0, n_states - 1),
+                muts=st.lists(
+                    st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 2**32)),
+                    min_size=1,
+                    max_size=3,
+                ),
+            )(f)
+        )
+
+    return wrap
+
+
+def check_refusal(e: BaseException, log: list[str]) -> None:
+    """A refused load raised a StateError (a ShardstreamError, not a panic) with a message."""
+    assert isinstance(e, Exception) and type(e).__name__ != "PanicException", (
+        f"mutations {log}: non-Exception {type(e).__mro__}: {e!r}"
+    )
+    assert isinstance(e, ShardstreamError), (
+        f"mutations {log}: {type(e).__name__} (not a StateError): {e}"
+    )
+    assert isinstance(e, StateError), f"mutations {log}: {type(e).__name__}: {e}"
+    assert str(e).strip(), f"mutations {log}: StateError without a message"
+
+
 def bounded(ds, limit: int):
     """The items of `ds`, failing the test after `limit` of them: a loaded state that reads
     without end fails instead of hanging."""
@@ -347,32 +383,14 @@ def test_hostile_states(state_ctx, setting):
     ctx = state_ctx[setting]
     OUTCOMES.clear()
 
-    @settings(
-        max_examples=_env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250),
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(
-        base_i=st.integers(0, len(ctx.states) - 1),
-        muts=st.lists(
-            st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 2**32)), min_size=1, max_size=3
-        ),
-    )
+    @state_cases(len(ctx.states), _env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250))
     def fuzz(base_i, muts):
         state, log = mutate_state(ctx, base_i, muts)
         ds = make_ds(ctx.root, ctx.settings)
         try:
             ds.load_state_dict(state)
         except BaseException as e:  # noqa: BLE001 - PanicException must be seen
-            assert isinstance(e, Exception) and type(e).__name__ != "PanicException", (
-                f"mutations {log}: non-Exception {type(e).__mro__}: {e!r}"
-            )
-            assert isinstance(e, ShardstreamError), (
-                f"mutations {log}: {type(e).__name__} (not a StateError): {e}"
-            )
-            assert isinstance(e, StateError), f"mutations {log}: {type(e).__name__}: {e}"
-            assert str(e).strip(), f"mutations {log}: StateError without a message"
+            check_refusal(e, log)
             OUTCOMES["refused with StateError"] += 1
             # the failed load left the dataset usable
             assert keys_of(ds, ctx.batched) == ctx.full
@@ -457,18 +475,7 @@ def test_hostile_pack_states(pack_ctx, setting):
             out.append((ids, seg))
         return out
 
-    @settings(
-        max_examples=_env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250) // 2,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(
-        base_i=st.integers(0, len(ctx.states) - 1),
-        muts=st.lists(
-            st.tuples(st.sampled_from(MUTATIONS), st.integers(0, 2**32)), min_size=1, max_size=3
-        ),
-    )
+    @state_cases(len(ctx.states), _env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250) // 2)
     def fuzz(base_i, muts):
         state, log = mutate_state(ctx, base_i, muts)  # type: ignore[arg-type]
         ds = make_ds(ctx.root, ctx.settings)
@@ -477,11 +484,7 @@ def test_hostile_pack_states(pack_ctx, setting):
             roundtrip = copy.deepcopy(ds.state_dict())
             rest = rows(bounded(ds, 2 * len(ctx.full) + 2))
         except BaseException as e:  # noqa: BLE001 - PanicException must be seen
-            assert isinstance(e, Exception) and type(e).__name__ != "PanicException", (
-                f"mutations {log}: non-Exception {type(e).__mro__}: {e!r}"
-            )
-            assert isinstance(e, StateError), f"mutations {log}: {type(e).__name__}: {e}"
-            assert str(e).strip(), f"mutations {log}: StateError without a message"
+            check_refusal(e, log)
             outcomes["refused with StateError"] += 1
             fresh = make_ds(ctx.root, ctx.settings)
             assert all((a == b).all() for (a, _), b in zip(rows(fresh), ctx.full, strict=True))
