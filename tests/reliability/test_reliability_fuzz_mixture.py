@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from typing import Any
 
 import pytest
 from hypothesis import example
@@ -59,6 +58,20 @@ def _keys(ds: Mixture, batched: bool, limit: int | None = None) -> list[tuple[in
     return out
 
 
+def _take_states(ctx, other: Mixture) -> None:
+    """What mutate_state needs, on `ctx` (with its `make`): the states along one run, a state
+    of `other` (another mixture) and one of another layout (rank 1 of 2), each after an item."""
+    ds = ctx.make()
+    ctx.states = [copy.deepcopy(ds.state_dict())]
+    for _ in iter(ds):
+        ctx.states.append(copy.deepcopy(ds.state_dict()))
+    next(iter(other))
+    ctx.other_dataset = copy.deepcopy(other.state_dict())
+    r1 = ctx.make(rank=1, world_size=2, even=None)
+    next(iter(r1))
+    ctx.other_layout = copy.deepcopy(r1.state_dict())
+
+
 class _MixCtx:
     """What mutate_state needs (states along a run, another dataset's, another layout's) plus
     the rows of each source."""
@@ -68,18 +81,8 @@ class _MixCtx:
         self.batched = setting.get("batch_size") is not None
         self.rows = {0: Counter(small.ids), 1: Counter(tiny.ids)}
         self.n = len(small.ids)
-        ds = self.make()
-        self.states: list[Any] = [copy.deepcopy(ds.state_dict())]
-        it = iter(ds)
-        for _ in it:
-            self.states.append(copy.deepcopy(ds.state_dict()))
+        _take_states(self, _mixture(small, tiny, setting, swap=True))
         self.full = _keys(self.make(), self.batched)
-        other = _mixture(small, tiny, setting, swap=True)
-        next(iter(other))
-        self.other_dataset = copy.deepcopy(other.state_dict())
-        r1 = self.make(rank=1, world_size=2, even=None)
-        next(iter(r1))
-        self.other_layout = copy.deepcopy(r1.state_dict())
 
 
 @pytest.fixture(scope="module")
@@ -192,19 +195,10 @@ class _PackMixCtx:
     def __init__(self, small, tiny, setting: dict):
         self.make = lambda **kw: _packed_mixture(small, tiny, **setting, **kw)
         self.n = len(small.ids)  # (row ids in the b64 mutation's buffers stay below it)
-        ds = self.make()
-        self.states: list[Any] = [copy.deepcopy(ds.state_dict())]
-        for _ in iter(ds):
-            self.states.append(copy.deepcopy(ds.state_dict()))
+        _take_states(self, _packed_mixture(small, tiny, **setting, swap=True))
         self.full = _packed_rows(self.make(), 10**6)
         # every real token of the data (with the EOS each document gets)
         self.tokens = {int(t) for ids, seg in self.full for t in ids[seg > 0]}
-        other = _packed_mixture(small, tiny, **setting, swap=True)
-        next(iter(other))
-        self.other_dataset = copy.deepcopy(other.state_dict())
-        r1 = self.make(rank=1, world_size=2, even=None)
-        next(iter(r1))
-        self.other_layout = copy.deepcopy(r1.state_dict())
 
 
 @pytest.fixture(scope="module")
