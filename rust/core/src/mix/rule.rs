@@ -343,7 +343,8 @@ impl Mixer {
                 // A block is served before the item limit is looked at (as before exhaustion).
                 if p.left.is_some_and(|l| l < n - at) {
                     return bad(format!(
-                        "its block has {} items left to serve, but the slot only {} items",
+                        "its block has {} items left to serve, more than the {} the slot may \
+                         still yield",
                         n - at,
                         p.left.unwrap_or(0)
                     ));
