@@ -141,24 +141,24 @@ impl MixStream {
             ended: false,
             packer,
         };
+        // Each source's own state against the mixer's: a source that left the mix has no rows
+        // left, and a stratified block (served in its order before exhaustion is looked at, so
+        // it would read past a source's `max_epochs`) takes no more rows than a source has.
         let avail = out.avail();
-        for (s, a) in out.mixer.active().iter().enumerate() {
-            if !a && avail.left[s] != 0 {
+        let rest = out.mixer.block_rest();
+        for (s, (left, active)) in avail.left.iter().zip(out.mixer.active()).enumerate() {
+            let name = &out.cfg.sources[s].name;
+            if !active && *left != 0 {
                 return Err(Error::State(format!(
-                    "invalid mixer state: source {:?} has left the mix, but its own state has \
-                     rows left",
-                    out.cfg.sources[s].name
+                    "invalid mixer state: source {name:?} has left the mix, but its own state \
+                     has rows left"
                 )));
             }
-        }
-        // A stratified block is served in its order before exhaustion is looked at: a loaded
-        // block taking more rows of a source than it has would read past its `max_epochs`.
-        for (s, rest) in out.mixer.block_rest().into_iter().enumerate() {
-            if rest > avail.left[s] {
+            if rest[s] > *left {
                 return Err(Error::State(format!(
-                    "invalid mixer state: its stratified block still takes {rest} items of \
-                     source {:?}, but that source's own state has {} rows left",
-                    out.cfg.sources[s].name, avail.left[s]
+                    "invalid mixer state: its stratified block still takes {} items of source \
+                     {name:?}, but that source's own state has {left} rows left",
+                    rest[s]
                 )));
             }
         }
