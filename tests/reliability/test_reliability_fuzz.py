@@ -25,6 +25,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 from harness import TESTS_DIR, flat_ids, keys_of, make_ds, take, walk
 from hypothesis import HealthCheck, given, settings
@@ -410,6 +411,73 @@ PACK_SETTINGS = {
 }
 
 
+def packed_items(items, seq_len: int) -> list[tuple[Any, Any]]:
+    """(input_ids, segment_ids) of each packed item, every row checked for its shape: `seq_len`
+    tokens, segments 1..k then padding, labels -100 on padding."""
+    out = []
+    for b in items:
+        seg, lab, ids = b["segment_ids"], b["labels"], b["input_ids"]
+        assert ids.shape[1] == seq_len
+        for r in range(seg.shape[0]):
+            real = seg[r] > 0
+            k = int(real.sum())
+            assert real[:k].all() and not real[k:].any()
+            assert (lab[r][~real] == -100).all()
+        out.append((ids, seg))
+    return out
+
+
+def same_ids(a: list, b: list) -> bool:
+    """Two lists of token-id arrays are equal, item by item."""
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def ends_the_run(full: list, rest: list) -> bool:
+    """`rest` is the end of the uninterrupted run `full`: what a clean resume gives."""
+    return len(rest) <= len(full) and same_ids(full[len(full) - len(rest) :], rest)
+
+
+def fuzz_packed_states(ctx, make, seq_len: int) -> Counter[str]:
+    """Run the state mutations on the states of a packing stream or mixture (`ctx`: its
+    `states` along one run, their `full` token ids item by item and the data's `tokens`; `make`
+    a fresh one): each load either raises a StateError (and the stream stays usable) or gives
+    well-formed packed rows of the data's tokens, no more items than twice the run's, and a
+    `state_dict()` that resumes the same. Returns the outcomes' counts."""
+    outcomes: Counter[str] = Counter()
+    limit = 2 * len(ctx.full) + 2
+
+    @state_cases(len(ctx.states), _env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250) // 2)
+    def fuzz(base_i, muts):
+        state, log = mutate_state(ctx, base_i, muts)
+        ds = make()
+        try:
+            ds.load_state_dict(state)
+            roundtrip = copy.deepcopy(ds.state_dict())
+            rest = packed_items(bounded(ds, limit), seq_len)
+        except BaseException as e:  # noqa: BLE001 - PanicException must be seen
+            check_refusal(e, log)
+            outcomes["refused with StateError"] += 1
+            fresh = packed_items(bounded(make(), limit), seq_len)
+            assert same_ids([ids for ids, _ in fresh], ctx.full)
+            return
+        got = {int(t) for ids, seg in rest for t in ids[seg > 0]}
+        assert got <= ctx.tokens, f"mutations {log}: tokens not in the data"
+        rest = [ids for ids, _ in rest]
+        ds2 = make()
+        ds2.load_state_dict(roundtrip)
+        again = [ids for ids, _ in packed_items(bounded(ds2, limit), seq_len)]
+        assert same_ids(again, rest), (
+            f"mutations {log}: state_dict() after the load does not resume the same"
+        )
+        if ends_the_run(ctx.full, rest):
+            outcomes["accepted, equal to a clean resume"] += 1
+        else:
+            outcomes["accepted, another stream"] += 1
+
+    fuzz()
+    return outcomes
+
+
 class _PackCtx:
     """Real states of a packing stream (``pack=Pack(...)`` over the ``tokens`` column) along
     one run, plus another dataset's and another layout's, for ``mutate_state``."""
@@ -459,54 +527,7 @@ def test_hostile_pack_states(pack_ctx, setting):
     resumes the same rows. (An accepted state whose pending row ids were changed to rows the
     slot has not read yet packs those documents twice: ids alone cannot tell.)"""
     ctx = pack_ctx[setting]
-    outcomes: Counter[str] = Counter()
-    seq_len = ctx.pack.seq_len
-
-    def rows(ds) -> list:
-        out = []
-        for b in ds:
-            seg, lab, ids = b["segment_ids"], b["labels"], b["input_ids"]
-            assert ids.shape[1] == seq_len
-            for r in range(seg.shape[0]):
-                real = seg[r] > 0
-                k = int(real.sum())
-                assert real[:k].all() and not real[k:].any()
-                assert (lab[r][~real] == -100).all()
-            out.append((ids, seg))
-        return out
-
-    @state_cases(len(ctx.states), _env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250) // 2)
-    def fuzz(base_i, muts):
-        state, log = mutate_state(ctx, base_i, muts)  # type: ignore[arg-type]
-        ds = make_ds(ctx.root, ctx.settings)
-        try:
-            ds.load_state_dict(state)
-            roundtrip = copy.deepcopy(ds.state_dict())
-            rest = rows(bounded(ds, 2 * len(ctx.full) + 2))
-        except BaseException as e:  # noqa: BLE001 - PanicException must be seen
-            check_refusal(e, log)
-            outcomes["refused with StateError"] += 1
-            fresh = make_ds(ctx.root, ctx.settings)
-            assert all((a == b).all() for (a, _), b in zip(rows(fresh), ctx.full, strict=True))
-            return
-        got = {int(t) for ids, seg in rest for t in ids[seg > 0]}
-        assert got <= ctx.tokens, f"mutations {log}: tokens not in the data"
-        rest = [ids for ids, _ in rest]
-        ds2 = make_ds(ctx.root, ctx.settings)
-        ds2.load_state_dict(roundtrip)
-        again = [ids for ids, _ in rows(ds2)]
-        assert len(again) == len(rest) and all(
-            (a == b).all() for a, b in zip(again, rest, strict=True)
-        ), f"mutations {log}: state_dict() after the load does not resume the same"
-        n = len(ctx.full)
-        if len(rest) <= n and all(
-            (a == b).all() for a, b in zip(ctx.full[n - len(rest) :], rest, strict=True)
-        ):
-            outcomes["accepted, equal to a clean resume"] += 1
-        else:
-            outcomes["accepted, another stream"] += 1
-
-    fuzz()
+    outcomes = fuzz_packed_states(ctx, lambda: make_ds(ctx.root, ctx.settings), ctx.pack.seq_len)
     print(f"\nhostile pack states ({setting}): {dict(outcomes)}")
     assert outcomes["refused with StateError"] > 0
     assert outcomes["accepted, equal to a clean resume"] > 0

@@ -17,7 +17,14 @@ from collections import Counter
 import pytest
 from hypothesis import example
 from shardstream import Mixture, ParquetStream, StateError
-from test_reliability_fuzz import _env_int, check_refusal, mutate_state, state_cases
+from test_reliability_fuzz import (
+    _env_int,
+    check_refusal,
+    fuzz_packed_states,
+    mutate_state,
+    packed_items,
+    state_cases,
+)
 
 MIX_SETTINGS = {
     "deterministic-batches": dict(batch_size=5, mixing="deterministic"),
@@ -142,6 +149,7 @@ def test_hostile_mixture_states(mix_ctx, setting):
 
 # ------------------------------------------------------------------ hostile packed mixture states
 
+SEQ_LEN = 24
 PACK_MIX_SETTINGS = {
     # the mixture's documents packed together
     "pack-after-mixing": dict(mix_pack=True),
@@ -154,7 +162,7 @@ def _packed_mixture(small, tiny, mix_pack: bool, *, swap: bool = False, **kw) ->
     from shardstream import Pack
 
     roots = (tiny.root, small.root) if swap else (small.root, tiny.root)
-    pack = Pack(column="tokens", seq_len=24)
+    pack = Pack(column="tokens", seq_len=SEQ_LEN)
     own = {} if mix_pack else {"pack": pack}
     src = {
         "a": ParquetStream(roots[0], columns=["tokens"], shuffle_buffer=6, seed=1, **own),
@@ -172,23 +180,6 @@ def _packed_mixture(small, tiny, mix_pack: bool, *, swap: bool = False, **kw) ->
     )
 
 
-def _packed_rows(ds, limit: int) -> list:
-    """Each packed row's token ids, checked for shape: segments 1..k then padding, labels -100
-    on padding; more than `limit` items fails instead of iterating without end."""
-    out = []
-    for i, b in enumerate(ds):
-        assert i < limit, f"more than {limit} items after the load: a stream without end"
-        seg, lab, ids = b["segment_ids"], b["labels"], b["input_ids"]
-        assert ids.shape[1] == 24
-        for r in range(seg.shape[0]):
-            real = seg[r] > 0
-            k = int(real.sum())
-            assert real[:k].all() and not real[k:].any()
-            assert (lab[r][~real] == -100).all()
-            out.append((ids[r].copy(), seg[r].copy()))
-    return out
-
-
 class _PackMixCtx:
     """States of a packed mixture along one run, another dataset's and another layout's."""
 
@@ -196,18 +187,15 @@ class _PackMixCtx:
         self.make = lambda **kw: _packed_mixture(small, tiny, **setting, **kw)
         self.n = len(small.ids)  # (row ids in the b64 mutation's buffers stay below it)
         _take_states(self, _packed_mixture(small, tiny, **setting, swap=True))
-        self.full = _packed_rows(self.make(), 10**6)
+        full = packed_items(self.make(), SEQ_LEN)
+        self.full = [ids for ids, _ in full]
         # every real token of the data (with the EOS each document gets)
-        self.tokens = {int(t) for ids, seg in self.full for t in ids[seg > 0]}
+        self.tokens = {int(t) for ids, seg in full for t in ids[seg > 0]}
 
 
 @pytest.fixture(scope="module")
 def pack_mix_ctx(small, tiny):
     return {name: _PackMixCtx(small, tiny, s) for name, s in PACK_MIX_SETTINGS.items()}
-
-
-def _same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all((x[0] == y[0]).all() for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.timeout(900)
@@ -218,36 +206,7 @@ def test_hostile_packed_mixture_states(pack_mix_ctx, setting):
     still usable), or well-formed packed rows of the data's tokens, no more of them than the
     whole run has, and a ``state_dict()`` that resumes the same rows."""
     ctx = pack_mix_ctx[setting]
-    outcomes: Counter[str] = Counter()
-    limit = 2 * len(ctx.full) + 2
-
-    @state_cases(len(ctx.states), _env_int("SHARDSTREAM_STATE_FUZZ_EXAMPLES", 250) // 2)
-    def fuzz(base_i, muts):
-        state, log = mutate_state(ctx, base_i, muts)  # type: ignore[arg-type]
-        ds = ctx.make()
-        try:
-            ds.load_state_dict(state)
-            roundtrip = copy.deepcopy(ds.state_dict())
-            rest = _packed_rows(ds, limit)
-        except BaseException as e:  # noqa: BLE001 - PanicException must be seen
-            check_refusal(e, log)
-            outcomes["refused with StateError"] += 1
-            assert _same(_packed_rows(ctx.make(), limit), ctx.full)
-            return
-        got = {int(t) for ids, seg in rest for t in ids[seg > 0]}
-        assert got <= ctx.tokens, f"mutations {log}: tokens not in the data"
-        ds2 = ctx.make()
-        ds2.load_state_dict(roundtrip)
-        assert _same(_packed_rows(ds2, limit), rest), (
-            f"mutations {log}: state_dict() after the load does not resume the same"
-        )
-        n = len(ctx.full)
-        if len(rest) <= n and _same(ctx.full[n - len(rest) :], rest):
-            outcomes["accepted, equal to a clean resume"] += 1
-        else:
-            outcomes["accepted, another stream"] += 1
-
-    fuzz()
+    outcomes = fuzz_packed_states(ctx, ctx.make, SEQ_LEN)
     print(f"\nhostile packed mixture states ({setting}): {dict(outcomes)}")
     assert outcomes["refused with StateError"] > 0
     assert outcomes["accepted, equal to a clean resume"] > 0
