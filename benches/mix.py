@@ -3,9 +3,10 @@
 (a) The mixer's overhead: a ``Mixture`` of K sources (weights proportional to their sizes,
     every source read once: ``on_exhausted="drop"``) against one ``ParquetStream`` over the
     same shards, same batch size and output, K = 3 and 8, mixed and by-source batches,
-    ``readahead_threads=0`` and default. Reported apart: the per-row cost (CPU and wall time
-    per row after the first batch) and the fixed cost (open + first batch). Target: < 5% more
-    per row.
+    ``readahead_threads=0`` and default, and sources shuffling with 1,000-row buffers against
+    one stream shuffling with 1,000 and with K x 1,000 (as many buffered rows as the mixture).
+    Reported apart: the per-row cost (CPU and wall time per row after the first batch) and the
+    fixed cost (open + first batch). Target: < 5% more per row.
 (b) Resume time vs position: ``load_state_dict`` + first batch at 1% / 50% / 99% of the
     mixture (flat: nothing before the position is read).
 (c) State size vs number of sources (pickled ``state_dict()``, no shuffle buffer).
@@ -416,18 +417,25 @@ def main() -> int:
     table = []
     for k in ks:
         dirs = make_data(root, args.rows, k, args.tokens_len)
-        for output, combine, shuffle, threads in (
-            ("arrow", "mixed", 0, 0),
-            ("arrow", "mixed", 0, None),
-            ("arrow", "by_source", 0, None),
-            ("torch", "mixed", 0, 0),
-            ("torch", "mixed", 0, None),
-            ("torch", "by_source", 0, None),
-            ("arrow", "mixed", 1000, None),
+        # The last row: every source shuffles with its own 1,000-row buffer, so the mixture
+        # holds K times the buffered rows of one stream with shuffle_buffer=1000; beside it,
+        # one stream holding as many (K * 1,000) as the baseline.
+        for output, combine, shuffle, threads, one_shuffle in (
+            ("arrow", "mixed", 0, 0, 0),
+            ("arrow", "mixed", 0, None, 0),
+            ("arrow", "by_source", 0, None, 0),
+            ("torch", "mixed", 0, 0, 0),
+            ("torch", "mixed", 0, None, 0),
+            ("torch", "by_source", 0, None, 0),
+            ("arrow", "mixed", 1000, None, 1000),
+            ("arrow", "mixed", 1000, None, 1000 * k),
         ):
             base = dict(dirs=dirs, batch=args.batch, output=output, shuffle=shuffle)
             base["threads"] = threads
-            specs = [dict(base, kind="single"), dict(base, kind="mix", combine=combine)]
+            specs = [
+                dict(base, kind="single", shuffle=one_shuffle),
+                dict(base, kind="mix", combine=combine),
+            ]
             one, mixed = runs_of(specs, args.runs)
             assert {r["rows"] for r in one} == {r["rows"] for r in mixed}, (one, mixed)
 
@@ -442,6 +450,7 @@ def main() -> int:
                 [
                     f"K={k} {output} {combine}"
                     + (f" shuffle {shuffle}" if shuffle else "")
+                    + (f" (one stream: {one_shuffle})" if one_shuffle != shuffle else "")
                     + (" threads=0" if threads == 0 else ""),
                     ns(mixed, "row_cpu_ns"),
                     ns(one, "row_cpu_ns"),
@@ -458,6 +467,7 @@ def main() -> int:
                     "output": output,
                     "combine": combine,
                     "shuffle": shuffle,
+                    "one_stream_shuffle": one_shuffle,
                     "threads": threads,
                     "mix": mixed,
                     "single": one,
