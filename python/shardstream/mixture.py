@@ -162,7 +162,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             within one item of its target; no random state), ``"stratified"`` (the same counts
             per ``block`` of items, in a random order inside each block) or ``"random"``
             (i.i.d. draws, counter-based).
-        block: items per stratified block (default: ``batch_size``).
+        block: items per stratified block (default: ``batch_size``), at most 1,048,576
+            (``_core.DEFAULTS["max_stratified_block"]``): a block's counts and order are laid
+            out when it starts.
         on_exhausted: what a source does when its rows run out, for all sources or
             ``{name: policy}`` (default ``"cycle"``): ``"cycle"`` starts its next epoch
             (reshuffled); ``"stop"`` ends the mixture right after that source's last row
@@ -312,9 +314,17 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         batch_size = _int_or_none(batch_size, "batch_size", 1)
         samples = _int_or_none(samples, "samples")
         block = _int_or_none(block, "block", 1)
+        most = _core.DEFAULTS["max_stratified_block"]
+        if block is not None and block > most:
+            raise ValueError(f"block must be an int in [1, {most}] or None, got {block}")
         if mixing == "stratified" and block is None:
             if batch_size is None:
                 raise ValueError("mixing='stratified' with batch_size=None needs block=")
+            if batch_size > most:
+                raise ValueError(
+                    f"mixing='stratified' takes block=batch_size by default, and batch_size "
+                    f"{batch_size} is above the largest block ({most} items): pass block="
+                )
             block = batch_size
         if mixing != "stratified" and block is not None:
             raise ValueError("block is for mixing='stratified'")

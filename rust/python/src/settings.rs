@@ -134,6 +134,10 @@ pub fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("max_read_batch_rows", MAX_READ_BATCH_ROWS)?;
     d.set_item("max_readahead_threads", MAX_READAHEAD_THREADS)?;
     d.set_item("max_readahead_depth", MAX_READAHEAD_DEPTH)?;
+    d.set_item(
+        "max_stratified_block",
+        shardstream_core::mix::MAX_STRATIFIED_BLOCK,
+    )?;
     d.set_item("page_cache_bytes", MAP_DEFAULTS.page_cache_bytes)?;
     d.set_item("window", MAP_DEFAULTS.window)?;
     d.set_item("sampler_chunk", MAP_DEFAULTS.sampler_chunk)?;
