@@ -7,6 +7,8 @@ from __future__ import annotations
 import collections
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -616,3 +618,27 @@ def test_accelerate_dispatch_of_packed_batches_is_refused(docs):
             _wrapper((dl, True, 2), ds).slot(None)
         assert _wrapper((dl, True, 1), ds).slot(None) == (0, 1)
     assert _wrapper((dl, True, 2), stream(root, None)).slot(None) == (0, 1)
+
+
+def test_the_longest_rows_reserve_no_more_than_they_fill(docs, tmp_path):
+    """A batch of packed rows used to reserve room for 64 of them before reading a token:
+    8 GiB a column at the longest seq_len, which aborted the process wherever the address space
+    is capped (``ulimit -v``). Under a cap of 2 GiB over what the process already maps, a batch
+    of 64 rows of 2**24 tokens from ~17k tokens of documents is one row (~470 MB: the tokens
+    and the padding of a row that exists)."""
+    root, lengths = docs
+    code = f"""
+import resource
+from shardstream import Pack, ParquetStream
+ds = ParquetStream({root!r}, columns=["input_ids"], batch_size=64, output="numpy",
+                   pack=Pack(column="input_ids", seq_len=2**24))
+with open("/proc/self/statm") as f:
+    mapped = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (2 << 30), resource.RLIM_INFINITY))
+b = next(iter(ds))
+print(b["input_ids"].shape, int((b["segment_ids"] > 0).sum()))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["(1,", f"{2**24})", str(sum(lengths))], out.stdout

@@ -44,6 +44,10 @@ pub const MAX_BUFFER_DOCS: u64 = 1 << 16;
 /// The per-token source column of rows packed after a mixture.
 pub const SOURCE_IDS: &str = "source_ids";
 
+/// Tokens a call of [`Packer::emit`] reserves room for before it makes its rows (8 MiB for an
+/// `i64` column): the first 64 rows at the usual sequence lengths (up to 16,384 tokens).
+const PREALLOC_TOKENS: usize = 1 << 20;
+
 /// Rows the packer reads from its stream at a time.
 const PULL_ROWS: usize = 64;
 
@@ -577,7 +581,10 @@ impl Packer {
         more: &mut dyn FnMut(&mut Packer) -> Result<bool>,
     ) -> Result<Option<RecordBatch>> {
         let seq_len = self.cfg.seq_len as usize;
-        let cap = n.min(64) * seq_len; // grows past 64 rows as they are made
+        // Grows past this as rows are made: reserving for 64 rows of the longest seq_len up
+        // front was 8 GiB a column before any token was read (an abort where the address space
+        // is capped).
+        let cap = (n.min(64) * seq_len).min(PREALLOC_TOKENS);
         let mut rows = Rows {
             seq_len,
             shift: self.cfg.shift_labels,
