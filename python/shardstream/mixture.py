@@ -314,12 +314,11 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         batch_size = _int_or_none(batch_size, "batch_size", 1)
         samples = _int_or_none(samples, "samples")
         block = _int_or_none(block, "block", 1)
-        most = _core.DEFAULTS["max_stratified_block"]
-        if block is not None and block > most:
-            raise ValueError(f"block must be an int in [1, {most}] or None, got {block}")
         if mixing == "stratified" and block is None:
             if batch_size is None:
                 raise ValueError("mixing='stratified' with batch_size=None needs block=")
+            # (an explicit block above the largest is refused by the core, naming block)
+            most = _core.DEFAULTS["max_stratified_block"]
             if batch_size > most:
                 raise ValueError(
                     f"mixing='stratified' takes block=batch_size by default, and batch_size "
