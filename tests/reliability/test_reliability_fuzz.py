@@ -251,7 +251,8 @@ def mutate_state(ctx: _Ctx, base_i: int, muts: list[tuple[str, int]]) -> tuple[A
             _set(state, path, _garbage(rnd))
         elif kind == "delete" and len(path) >= 1:
             parent = _get(state, path[:-1])
-            if isinstance(parent, dict):
+            # (the fallback path ("format",) of a state with no leaves may be gone already)
+            if isinstance(parent, dict) and path[-1] in parent:
                 del parent[path[-1]]
             elif isinstance(parent, list) and parent:
                 parent.pop(path[-1] if isinstance(path[-1], int) else 0)
