@@ -4,6 +4,7 @@ and elastic resume (every token of every consumed document emitted exactly once)
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import os
@@ -232,6 +233,30 @@ def test_resume_at_epoch_boundary(docs):
         head, st = run(root, pack, n=k, **kw)
         tail, _ = run(root, pack, state=st, **kw)
         assert same(head + tail, full)
+
+
+def pending_ids(pack_state):
+    """The row ids of a state's pending documents, in queue order."""
+    return np.frombuffer(base64.b64decode(pack_state["rows"]), "<u8").tolist()
+
+
+@pytest.mark.parametrize("pack", ALGOS[:2], ids=["concat", "best_fit"])
+def test_resume_while_the_window_holds_a_row_of_two_epochs(tmp_path, pack):
+    """Six documents an epoch, fewer than the packer reads ahead: its queue holds the same row
+    of two epochs, and every state (one after each item) loads and continues exactly."""
+    root = write_docs(str(tmp_path), [5, 9, 3, 12, 7, 4], shards=2, row_group=2)
+    kw = dict(epochs=30, batch_size=1)
+    full, _ = run(root, pack, **kw)
+    assert len(full) > 15
+    twice = 0
+    for k in range(1, len(full)):
+        head, st = run(root, pack, n=k, **kw)
+        ids = pending_ids(st["position"]["pack"])
+        twice += len(ids) > len(set(ids))
+        tail, _ = run(root, pack, state=st, **kw)
+        assert same(head + tail, full), f"resume after {k} items"
+    # best_fit's 16-document window holds rows of several epochs (concat: one read's rows)
+    assert twice > 0 or pack.algorithm == "concat"
 
 
 def test_state_size_is_independent_of_seq_len_and_position(docs):

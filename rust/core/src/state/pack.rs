@@ -44,18 +44,12 @@ impl PackRecord {
         }
     }
 
-    /// The references, checked for shape (distinct rows, spans in order, `start < end`); that
-    /// each span fits its row is checked when the rows are read.
+    /// The references, checked for shape (spans in order, `start < end`); that each span fits
+    /// its row is checked when the rows are read. A row may be pending more than once: the
+    /// packer's window can hold the same row of two epochs (a slot with fewer rows an epoch
+    /// than the packer reads ahead).
     pub fn refs(&self, what: &str) -> Result<Vec<DocRef>> {
         let ids = ids_from_base64(&self.rows, &format!("{what}['rows']"))?;
-        let mut seen = std::collections::HashSet::with_capacity(ids.len());
-        for &id in &ids {
-            if !seen.insert(id) {
-                return Err(Error::State(format!(
-                    "{what}['rows']: row {id} is pending twice (each document is pending once)"
-                )));
-            }
-        }
         apply_spans(&ids, &self.spans, what)
     }
 }
@@ -119,8 +113,9 @@ impl MixPackRecord {
         }
     }
 
-    /// The references by source name, checked for shape (runs covering the rows, each
-    /// (source, row) pending once, spans in order, `start < end`).
+    /// The references by source name, checked for shape (runs covering the rows, spans in
+    /// order, `start < end`); a (source, row) may be pending more than once, as in
+    /// [`PackRecord::refs`].
     pub fn refs(&self, what: &str) -> Result<Vec<(String, DocRef)>> {
         let ids = ids_from_base64(&self.rows, &format!("{what}['rows']"))?;
         let total = self
@@ -139,15 +134,6 @@ impl MixPackRecord {
             .iter()
             .flat_map(|(n, k)| std::iter::repeat_n(n, *k as usize))
             .collect();
-        let mut seen = std::collections::HashSet::with_capacity(ids.len());
-        for (n, &id) in names.iter().zip(&ids) {
-            if !seen.insert((*n, id)) {
-                return Err(Error::State(format!(
-                    "{what}['rows']: row {id} of source {n:?} is pending twice (each document \
-                     is pending once)"
-                )));
-            }
-        }
         let refs = apply_spans(&ids, &self.spans, what)?;
         Ok(names.into_iter().cloned().zip(refs).collect())
     }
