@@ -60,8 +60,12 @@ _OWNED = {
 def _int_or_none(v: Any, name: str, lo: int = 0) -> int | None:
     if v is None:
         return None
+    return _int(v, name, lo, " or None")
+
+
+def _int(v: Any, name: str, lo: int = 0, alt: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v < 2**63:
-        raise ValueError(f"{name} must be an int in [{lo}, 2**63) or None, got {v!r}")
+        raise ValueError(f"{name} must be an int in [{lo}, 2**63){alt}, got {v!r}")
     return v
 
 
@@ -90,9 +94,7 @@ def _weights(weights: Any, names: Sequence[str]) -> list[tuple[int, list[tuple[s
     for i, p in enumerate(points):
         if not (isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[1], Mapping)):
             raise TypeError(f"weights[{i}] must be an (item, {{source: weight}}) pair, got {p!r}")
-        at = _int_or_none(p[0], f"weights[{i}]'s item")
-        if at is None:
-            raise ValueError(f"weights[{i}]'s item must be an int, got None")
+        at = _int(p[0], f"weights[{i}]'s item")
         ws = []
         for k, w in p[1].items():
             if isinstance(w, bool) or not isinstance(w, (int, float)):
@@ -310,7 +312,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
         if not isinstance(drop_last, bool):
             raise TypeError(f"drop_last must be a bool, got {type(drop_last).__name__}")
-        _int_or_none(seed, "seed")
+        _int(seed, "seed")
         batch_size = _int_or_none(batch_size, "batch_size", 1)
         samples = _int_or_none(samples, "samples")
         block = _int_or_none(block, "block", 1)
@@ -485,11 +487,14 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
 
     def source_stats(self) -> dict[str, dict[str, Any]]:
         """Per source, this process's view: ``items`` taken from it, its ``epoch`` and the
-        ``rows`` it yielded in that epoch (its stream's position), the ``weight`` of the next
-        item (normalized over the sources still in the mix), and ``active`` (still in the mix).
-        In a DataLoader, each worker has its own (``items`` summed over workers is the total)."""
+        ``rows`` it yielded in that epoch (its stream's position; after a resize, counted from
+        the resize), the ``weight`` of the next item (normalized over the sources still in the
+        mix), and ``active`` (still in the mix), as of the last item handed out (in row mode,
+        the last row). In a DataLoader, each worker has its own (``items`` summed over workers
+        is the total)."""
         if self._iter is not None and self._iter.started:
-            stats = cast(RawMixStream, self._iter._raw).source_stats()
+            it = self._iter
+            stats = cast(RawMixStream, it._raw).source_stats(within=it._within())
         else:
             stats = RawMixStream(self.raw, self._start_point(), self._layout()).source_stats()
         return {

@@ -506,6 +506,24 @@ def test_source_stats_and_state_shape(data):
     assert state["mixer"]["taken"] == {n: s["items"] for n, s in st.items()}
 
 
+@pytest.mark.parametrize("batch_size", [None, 7], ids=["rows", "batches"])
+def test_source_stats_follow_the_items_handed_out(data, batch_size):
+    """After every item (in row mode, every row: the core reads a chunk ahead), each source's
+    ``items`` is what was handed out from it, the state's count, and its ``epoch``/``rows``
+    place it that many rows in (one slot, no resize: epoch x its rows + rows)."""
+    ds = mix(data, batch_size=batch_size, samples=300)
+    seen = dict.fromkeys(ROWS, 0)
+    names = ds.source_names
+    for x in ds:
+        for t in [x["source"]] if batch_size is None else x["source"]:
+            seen[names[t]] += 1
+        stats, taken = ds.source_stats(), ds.state_dict()["mixer"]["taken"]
+        for n, s in stats.items():
+            assert s["items"] == seen[n] == taken[n], (n, s, seen)
+            assert s["epoch"] * ROWS[n] + s["rows"] == seen[n], (n, s, seen)
+    assert sum(seen.values()) == 300 and seen["math"] > ROWS["math"] and seen["web"] > ROWS["web"]
+
+
 def test_state_size_does_not_grow_with_items(data):
     """Only numbers change with the position: the state's shape (every field, every string)
     is the same after 10 items as after 2000; its size differs by digits only."""
@@ -581,6 +599,13 @@ def test_argument_errors_name_the_argument(data):
         Mixture(src, weights=w3, rank=0)
     with pytest.raises(ValueError, match="samples must be an int"):
         Mixture(src, weights=w3, samples=-1)
+    # seed and a schedule point's item take no None (the message offers none)
+    with pytest.raises(ValueError, match=r"^seed must be an int in \[0, 2\*\*63\), got None$"):
+        Mixture(src, weights=w3, seed=None)
+    with pytest.raises(
+        ValueError, match=r"^weights\[1\]'s item must be an int in \[0, 2\*\*63\), got"
+    ):
+        Mixture(src, weights=[(0, w3), (None, w3)])
 
 
 def test_a_stratified_block_is_bounded(data):
@@ -643,9 +668,11 @@ def test_cli_state_shows_each_source(data, tmp_path, capsys):
     assert cli.main(["state", str(ckpt)]) == 0
     text = capsys.readouterr().out
     assert text.count("source web") == 2 and "items taken; epoch" in text
-    # --source checks ParquetStream states; a mixture's says how to check it instead.
-    assert cli.main(["state", str(ckpt), "--source", data["web"].root]) == 1
-    assert "load it into its Mixture" in capsys.readouterr().out
+    # --source checks ParquetStream states: a mixture's is bad input (2, not a mismatch's 1),
+    # saying how to check it instead.
+    assert cli.main(["state", str(ckpt), "--source", data["web"].root]) == 2
+    err = capsys.readouterr().err
+    assert "state 1 of 2 is a Mixture state" in err and "load a Mixture state into its" in err
 
 
 def test_only_the_newest_iterator_owns_the_position(data):

@@ -443,6 +443,15 @@ def run(args: argparse.Namespace) -> int:
             )
     errors: list[Any] = [_UNCHECKED] * len(states)
     together: str | None = None
+    mixtures = [i + 1 for i, s in enumerate(states) if s.get("format") == _core.MIXTURE_FORMAT]
+    if args.source and mixtures:
+        # Not a mismatch (exit 1): nothing would be checked. A Mixture state names several
+        # sources, each with its own data; its Mixture checks it on load.
+        raise CliError(
+            f"{args.file}: state {mixtures[0]} of {len(states)} is a Mixture state: --source "
+            "checks ParquetStream states against one data set; load a Mixture state into its "
+            "Mixture (Mixture.load_state_dict) to check it, or run without --source to show it"
+        )
     if args.source:
         errors, together = check_states(args.source, states)
     bad = args.source is not None and (any(e is not None for e in errors) or together is not None)
@@ -483,9 +492,11 @@ def add_parser(sub: Any) -> None:
         description="Show every shardstream state inside FILE (a torch.save checkpoint, loaded "
         "with weights_only=True; JSON; a pickle of plain built-ins; or a torch.distributed."
         "checkpoint directory): epoch, rows yielded, position in the epoch, slot, shuffle "
-        "buffer fill, skips, settings and fingerprint. With --source, also check that the "
-        "state can be loaded over SOURCE (exit status 1 if not). A malformed state is bad "
-        "input (exit status 2).",
+        "buffer fill, skips, settings and fingerprint; for a Mixture state, each source's "
+        "items, epoch and position and the mixer's weights. With --source, also check that "
+        "the ParquetStream state(s) can be loaded over SOURCE (exit status 1 if not; a "
+        "Mixture state with --source is bad input). A malformed state is bad input (exit "
+        "status 2).",
     )
     p.add_argument("file", metavar="FILE")
     p.add_argument(

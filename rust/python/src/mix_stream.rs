@@ -5,16 +5,13 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use shardstream_core::mix::{MixItem, MixStream};
+use shardstream_core::mix::{MixItem, MixStream, SourceStats};
 use shardstream_core::{Error, Layout};
 
 use crate::convert::BatchOut;
 use crate::error::{detach, guard, to_py};
 use crate::mix_resume::{mixture_state_with_ids, RawMixResume};
 use crate::mixture::RawMixture;
-
-/// `(items, epoch, rows of that epoch, weight, active)` of one source.
-type SourceStats = (u64, u64, u64, f64, bool);
 
 /// `(rank, world_size, worker, num_workers)` as the core's layout under the mixture's `even`.
 pub fn layout(
@@ -139,8 +136,10 @@ impl RawMixStream {
         Ok(RawMixResume { inner })
     }
 
-    /// Per source in name order: `(items, epoch, rows of that epoch, weight, active)`.
-    fn source_stats(&self, py: Python<'_>) -> PyResult<Vec<SourceStats>> {
-        self.with(py, |s| Ok(s.source_stats()))
+    /// Per source in name order: `(items, epoch, rows of that epoch, weight, active)`, after the
+    /// last item or (row mode) after its first `within` rows.
+    #[pyo3(signature = (within=None))]
+    fn source_stats(&self, py: Python<'_>, within: Option<usize>) -> PyResult<Vec<SourceStats>> {
+        self.with(py, |s| s.source_stats(within))
     }
 }

@@ -30,7 +30,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 pub use resume::MixResume;
 pub use rule::{Mixing, Policy};
 pub use schedule::{Kind, Schedule};
-pub use stream::{MixItem, MixStream};
+pub use stream::{MixItem, MixStream, SourceStats};
 
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};

@@ -381,22 +381,8 @@ impl MixStream {
         &mut self,
         within: Option<usize>,
     ) -> Result<(MixtureState, Vec<Vec<u64>>)> {
-        let (pos, sources) = match within {
-            Some(k) if self.row_mode && k < self.choices.len() => {
-                let (mut m, mut a) = self
-                    .chunk_start
-                    .clone()
-                    .ok_or_else(|| Error::Internal("no chunk to be within".into()))?;
-                let mut counts = vec![0usize; self.streams.len()];
-                for &want in &self.choices[..k] {
-                    let got = m.take(&mut a);
-                    if got != Some(want as usize) {
-                        return Err(Error::Internal(format!(
-                            "mixer replay chose {got:?}, the chunk had {want}"
-                        )));
-                    }
-                    counts[want as usize] += 1;
-                }
+        let (pos, sources) = match self.replay_within(within)? {
+            Some((m, counts)) => {
                 let mut sources = Vec::with_capacity(self.streams.len());
                 for (s, st) in self.streams.iter_mut().enumerate() {
                     let within = self.pulled[s].then_some(counts[s]);
@@ -414,6 +400,31 @@ impl MixStream {
         };
         let (sources, ids): (Vec<StreamState>, Vec<Vec<u64>>) = sources.into_iter().unzip();
         Ok((self.state_of(&pos, sources), ids))
+    }
+
+    /// Row mode, `within` rows into the last chunk (fewer than it holds): the mixer as it stood
+    /// after them (replayed from the chunk's start) and the rows each source gave them; `None`
+    /// when the position is after the whole last item.
+    fn replay_within(&self, within: Option<usize>) -> Result<Option<(Mixer, Vec<usize>)>> {
+        let k = match within {
+            Some(k) if self.row_mode && k < self.choices.len() => k,
+            _ => return Ok(None),
+        };
+        let (mut m, mut a) = self
+            .chunk_start
+            .clone()
+            .ok_or_else(|| Error::Internal("no chunk to be within".into()))?;
+        let mut counts = vec![0usize; self.streams.len()];
+        for &want in &self.choices[..k] {
+            let got = m.take(&mut a);
+            if got != Some(want as usize) {
+                return Err(Error::Internal(format!(
+                    "mixer replay chose {got:?}, the chunk had {want}"
+                )));
+            }
+            counts[want as usize] += 1;
+        }
+        Ok(Some((m, counts)))
     }
 
     fn state_of(&self, pos: &MixerPos, sources: Vec<StreamState>) -> MixtureState {
@@ -445,27 +456,40 @@ impl MixStream {
     }
 
     /// Per source, in name order: `(items taken, epoch, rows yielded in that epoch, weight of
-    /// the next item as a fraction, still in the mix)`.
-    pub fn source_stats(&mut self) -> Vec<(u64, u64, u64, f64, bool)> {
-        let w = self.mixer.weights();
-        let active = self.mixer.active().to_vec();
-        self.streams
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let (epoch, emitted) = s.position();
-                let unit = super::schedule::UNIT as f64;
-                (
-                    self.mixer.taken()[i],
-                    epoch,
-                    emitted,
-                    w[i] as f64 / unit,
-                    active[i] && !self.mixer.ended(),
-                )
-            })
-            .collect()
+    /// the next item as a fraction, still in the mix)`, after the last item or (row mode) after
+    /// its first `within` rows, as [`Self::checkpoint`].
+    pub fn source_stats(&mut self, within: Option<usize>) -> Result<Vec<SourceStats>> {
+        let unit = super::schedule::UNIT as f64;
+        let mut replayed = self.replay_within(within)?;
+        let (m, counts) = match &mut replayed {
+            Some((m, counts)) => (m, Some(counts)),
+            None => (&mut self.mixer, None),
+        };
+        let w = m.weights();
+        let mut out = Vec::with_capacity(self.streams.len());
+        for (i, s) in self.streams.iter().enumerate() {
+            let (epoch, emitted) = match &counts {
+                Some(c) if self.pulled[i] => {
+                    let st = s.state_within_batch(c[i])?;
+                    (st.epoch, st.emitted)
+                }
+                _ => s.position(),
+            };
+            out.push((
+                m.taken()[i],
+                epoch,
+                emitted,
+                w[i] as f64 / unit,
+                m.active()[i] && !m.ended(),
+            ));
+        }
+        Ok(out)
     }
 }
+
+/// A source's `(items taken, epoch, rows yielded in that epoch, weight of the next item as a
+/// fraction, still in the mix)`: [`MixStream::source_stats`].
+pub type SourceStats = (u64, u64, u64, f64, bool);
 
 pub(crate) fn mixer_record(names: &[String], p: &MixerPos) -> MixerRecord {
     MixerRecord {
