@@ -154,7 +154,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             named sources" has the rules); the
             mixture decides batching, epochs and layout, so a source's ``batch_size``,
             ``drop_last``, ``epochs``, ``even``, ``rank``/``world_size`` must be left at their
-            defaults. Sources are ordered by name (:attr:`source_names`).
+            defaults, and a source must be at its start (not iterated, nor given a position by
+            ``load_state_dict``, ``skip`` or ``set_epoch``: the mixture's own state holds the
+            sources' positions). Sources are ordered by name (:attr:`source_names`).
         weights: ``{name: weight}`` (any non-negative numbers, normalized; every source named),
             or a schedule ``[(item, {name: weight}), ...]`` starting at item 0, over the
             mixture's items counted over all ranks and workers (see ``schedule``).
@@ -275,6 +277,16 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
                     )
             if s._rank is not None:
                 raise ValueError(f"source {n!r} has rank/world_size: pass them to Mixture")
+            start = s._start_point()
+            if not (start.at_start and start.first_epoch == 0):
+                # Its position would be ignored (every source starts at its beginning), which
+                # silently re-reads rows a user meant to resume after.
+                raise ValueError(
+                    f"source {n!r} is not at its start (it was iterated, or given a position "
+                    "by load_state_dict, skip or set_epoch): a Mixture starts every source at "
+                    "its beginning and keeps their positions in its own state; pass a fresh "
+                    "ParquetStream and load the mixture's state_dict() instead"
+                )
         packing = sorted(n for n, s in sources.items() if s._pack is not None)
         if packing:
             plain = sorted(n for n, s in sources.items() if s._pack is None)

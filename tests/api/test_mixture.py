@@ -608,6 +608,31 @@ def test_argument_errors_name_the_argument(data):
         Mixture(src, weights=[(0, w3), (None, w3)])
 
 
+def test_a_source_with_a_position_is_refused(data):
+    """A mixture starts every source at its beginning: a source given a position first would
+    have it silently ignored (rows re-read), so it is refused, naming the source."""
+    w3 = {"web": 1, "code": 1, "math": 1}
+    moved = ParquetStream(data["web"].root, columns=["id", "tokens"])
+    it = iter(moved)
+    next(it)
+    for how, prep in [
+        ("iterated", lambda s: next(iter(s))),
+        ("loaded", lambda s: s.load_state_dict(moved.state_dict())),
+        ("skipped", lambda s: s.skip(3)),
+        ("set_epoch", lambda s: s.set_epoch(1)),
+    ]:
+        web = ParquetStream(data["web"].root, columns=["id", "tokens"])
+        prep(web)
+        with pytest.raises(ValueError, match="source 'web' is not at its start"):
+            Mixture({**sources(data), "web": web}, weights=w3)
+            pytest.fail(f"a source {how} was accepted")
+    # at its start (also after set_epoch(0), or a state saved before iterating): accepted
+    for prep in [lambda s: s.set_epoch(0), lambda s: s.load_state_dict(s.state_dict())]:
+        web = ParquetStream(data["web"].root, columns=["id", "tokens"])
+        prep(web)
+        Mixture({**sources(data), "web": web}, weights=w3)
+
+
 def test_a_stratified_block_is_bounded(data):
     """A block's counts and served order are laid out when it starts: block=10**7 took 0.7 s
     and 18 MiB before the first item, so 10**12 would take most of a day and terabytes (it
