@@ -326,6 +326,15 @@ def test_sources_added_and_removed_on_resume(data):
     b = Mixture(b_src, weights={"web": 1, "math": 1}, batch_size=5, output="python")
     with pytest.raises(StateError, match='source "math" added.*source "code" removed'):
         b.load_state_dict(state, strict=True)
+    policy = Mixture(two, weights={"web": 1, "code": 1}, batch_size=5, max_epochs={"code": 2})
+    with pytest.raises(
+        StateError,
+        match=re.escape(
+            'source "code": on_exhausted="cycle", max_epochs=2 (was on_exhausted="cycle", '
+            "max_epochs=None)"
+        ),
+    ):
+        policy.load_state_dict(state, strict=True)
     b.load_state_dict(state)
     it = iter(b)
     seen_b = flat([key(next(it), True) for _ in range(4)])

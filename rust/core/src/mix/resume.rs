@@ -441,9 +441,14 @@ fn changes(cfg: &MixConfig, st: &MixtureState) -> Vec<String> {
     for (n, p) in &now {
         if let Some(old) = st.policies.get(n) {
             if old != p {
+                let epochs = |m: Option<u64>| m.map_or("None".to_string(), |m| m.to_string());
                 out.push(format!(
-                    "source {n:?}: on_exhausted {:?} max_epochs {:?} (was {:?} {:?})",
-                    p.on_exhausted, p.max_epochs, old.on_exhausted, old.max_epochs
+                    "source {n:?}: on_exhausted={:?}, max_epochs={} (was on_exhausted={:?}, \
+                     max_epochs={})",
+                    p.on_exhausted,
+                    epochs(p.max_epochs),
+                    old.on_exhausted,
+                    epochs(old.max_epochs)
                 ));
             }
         }
