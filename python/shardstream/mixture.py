@@ -18,6 +18,7 @@ Design decisions (the why; the what is in docs/guide.md "Mixtures" and docs/stat
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -173,7 +174,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             ``{name: policy}`` (default ``"cycle"``): ``"cycle"`` starts its next epoch
             (reshuffled); ``"stop"`` ends the mixture right after that source's last row
             (the same item on every rank with ``even``); ``"drop"`` leaves the mixture (its
-            weight goes to the others).
+            weight goes to the others). A source with no rows in a slot (empty, or fewer rows
+            than slots) leaves that slot's mix whatever its policy, with a ``UserWarning``
+            naming it when the slot starts.
         max_epochs: epochs a source runs through, for all or ``{name: n}``; default endless for
             ``"cycle"`` and 1 for ``"stop"``/``"drop"``. A ``"cycle"`` source that has run its
             ``max_epochs`` is dropped.
@@ -398,6 +401,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         self._pickled_resume: list[dict[str, Any]] | None = None
         self._iter: StreamIterator | None = None
         self._loaded = False
+        self._warned: set[str] = set()  # sources warned of as barren in this process
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -522,9 +526,40 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         return self._iter
 
     def _open_stream(self) -> RawMixStream:
-        raw = RawMixStream(self.raw, self._start_point(), self._layout())
+        layout, start = self._layout(), self._start_point()
+        raw = RawMixStream(self.raw, start, layout)
         self._loaded = False
+        if start.at_start:  # (a resumed source may rightly have no rows left)
+            self._warn_barren(raw, layout)
         return raw
+
+    def _warn_barren(self, raw: RawMixStream, layout: tuple[int, int, int, int]) -> None:
+        """A ``UserWarning`` (once per source and process) for each source with weight but no
+        rows in this slot at the start: it takes no part in this slot's mix, which is easily
+        missed when a small source meets many ranks x workers."""
+        rank, world, worker, workers = layout
+        for i in raw.barren_sources():
+            name = self.source_names[i]
+            if name in self._warned:
+                continue
+            self._warned.add(name)
+            rows = self._sources[name].catalog.num_rows
+            slots, even = world * workers, self._args["even"]
+            why = (
+                f"its {rows} row{'' if rows == 1 else 's'} split over {slots} slots (rank "
+                f"{rank} of {world}, worker {worker} of {workers}; even={even!r}) leave none "
+                "here"
+                if slots > 1
+                else f"it has {rows} rows"
+            )
+            hint = "" if slots == 1 else " (give it more rows, or use fewer ranks or workers"
+            hint += "" if slots == 1 else (", or even=None)" if even is not None else ")")
+            warnings.warn(
+                f"Mixture source {name!r} has no rows in this slot: {why}, so it takes no part "
+                f"in this slot's mix and the other sources share its weight{hint}",
+                UserWarning,
+                stacklevel=3,
+            )
 
     # -- pickling (spawn-started workers) -----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -533,6 +568,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         start = self._iter_resume() if it is not None and it.started else self._start_point()
         d["_pickled_resume"] = start.states(self.raw)
         d["_raw"] = d["_resume"] = d["_iter"] = None
+        d["_warned"] = set()  # another process (a worker: another slot) warns for itself
         d["_wrapped"] = self.__dict__.get("_wrapped") or _slots._accelerate.wrapper(self)
         return d
 

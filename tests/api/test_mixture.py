@@ -11,6 +11,7 @@ import itertools
 import json
 import pickle
 import re
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -640,6 +641,62 @@ def test_a_source_with_a_position_is_refused(data):
         web = ParquetStream(data["web"].root, columns=["id", "tokens"])
         prep(web)
         Mixture({**sources(data), "web": web}, weights=w3)
+
+
+def test_a_source_without_rows_in_a_slot_is_warned_of(data, shard_factory):
+    """A source with fewer rows than slots has none in some: it leaves those slots' mix (the
+    others share its weight), with a UserWarning naming it, once per process; a slot that
+    has its rows gets no warning."""
+    tiny = shard_factory(num_shards=1, rows_per_shard=1, seed=24, start_id=9000)
+
+    def run(rank, world):
+        src = {
+            "web": ParquetStream(data["web"].root, columns=["id"]),
+            "tiny": ParquetStream(tiny.root, columns=["id"]),
+        }
+        ds = Mixture(
+            src, weights={"web": 1, "tiny": 1}, batch_size=4, samples=24, output="python",
+            rank=rank, world_size=world,
+        )  # fmt: skip
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            items = list(ds) + list(ds)  # a second pass does not warn again
+        return [str(x.message) for x in w if issubclass(x.category, UserWarning)], items
+
+    msgs, items = run(0, 1)
+    assert msgs == [] and {t for b in items for t in b["source"]} == {0, 1}
+    for rank in (0, 1):
+        msgs, items = run(rank, 2)
+        assert len(msgs) == 1, msgs
+        assert msgs[0].startswith(
+            "Mixture source 'tiny' has no rows in this slot: its 1 row split over 2 slots "
+            f"(rank {rank} of 2, worker 0 of 1; even='drop') leave none here"
+        )
+        tags = [t for b in items for t in b["source"]]
+        assert len(tags) == 24 and set(tags) == {1}  # all "web" (sources sorted by name)
+    # a source without rows at all, in one slot; and no warning on resume
+    empty = shard_factory(num_shards=1, rows_per_shard=0, seed=25)
+
+    def with_empty():
+        src = {
+            "web": ParquetStream(data["web"].root, columns=["id"]),
+            "empty": ParquetStream(empty.root, columns=["id"]),
+        }
+        return Mixture(
+            src, weights={"web": 1, "empty": 1}, batch_size=4, samples=40, output="python"
+        )
+
+    ds = with_empty()
+    with pytest.warns(UserWarning, match="^Mixture source 'empty' has no rows in this slot: it "
+                      "has 0 rows, so it takes no part in this slot's mix"):  # fmt: skip
+        it = iter(ds)
+        first = next(it)
+    assert first["source"] == [1, 1, 1, 1]
+    again = with_empty()
+    again.load_state_dict(ds.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [t for b in again for t in b["source"]] == [1] * 36
 
 
 def test_a_stratified_block_is_bounded(data):

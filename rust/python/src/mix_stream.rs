@@ -136,6 +136,11 @@ impl RawMixStream {
         Ok(RawMixResume { inner })
     }
 
+    /// Indexes of the sources with weight but no rows left in this slot.
+    fn barren_sources(&self, py: Python<'_>) -> PyResult<Vec<usize>> {
+        self.with(py, |s| Ok(s.barren_sources()))
+    }
+
     /// Per source in name order: `(items, epoch, rows of that epoch, weight, active)`, after the
     /// last item or (row mode) after its first `within` rows.
     #[pyo3(signature = (within=None))]

@@ -455,6 +455,20 @@ impl MixStream {
         MixResume::load(&self.cfg, vec![st.to_value()], false, true)
     }
 
+    /// The sources (indexes, name order) that have weight and are in the mix but no rows left
+    /// in this slot, in any epoch they may still run (at the start: an empty source, or fewer
+    /// rows than slots): the mixer drops each when it first looks at it, so this slot's other
+    /// sources share its weight.
+    pub fn barren_sources(&mut self) -> Vec<usize> {
+        let w = self.mixer.weights();
+        let active = self.mixer.active();
+        (0..self.streams.len())
+            .filter(|&i| {
+                active[i] && w[i] > 0 && self.streams[i].rows_ahead(self.cfg.until(i)) == 0
+            })
+            .collect()
+    }
+
     /// Per source, in name order: `(items taken, epoch, rows yielded in that epoch, weight of
     /// the next item as a fraction, still in the mix)`, after the last item or (row mode) after
     /// its first `within` rows, as [`Self::checkpoint`].
