@@ -764,6 +764,13 @@ def test_cli_state_shows_each_source(data, tmp_path, capsys):
     assert cli.main(["state", str(ckpt), "--source", data["web"].root]) == 2
     err = capsys.readouterr().err
     assert "state 1 of 2 is a Mixture state" in err and "load a Mixture state into its" in err
+    # a state saved before any item has no slot: samples counts over all slots
+    fresh = tmp_path / "fresh.json"
+    fresh.write_text(json.dumps(mix(data).state_dict()))
+    assert cli.main(["state", str(fresh)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"\n  slot +none \(nothing read yet\)\n", text)
+    assert re.search(r"\n  items +0 yielded \(samples=400 over all slots\)\n", text)
 
 
 def test_only_the_newest_iterator_owns_the_position(data):

@@ -265,8 +265,12 @@ def _head_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
 def _mixture_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
     lines = _head_lines(d)
     add = lines.append
-    left = "no limit" if d["left"] is None else f"{d['left']:,} left"
-    add(("items", f"{d['items']:,} yielded by this slot ({left})"))
+    if not d["started"]:  # no slot yet: `left` is the mixture's samples over all slots
+        total = "no limit" if d["left"] is None else f"samples={d['left']:,} over all slots"
+        add(("items", f"0 yielded ({total})"))
+    else:
+        left = "no limit" if d["left"] is None else f"{d['left']:,} left"
+        add(("items", f"{d['items']:,} yielded by this slot ({left})"))
     pts = d["weights"]["points"]
     desc = "; ".join(
         f"from item {p['at']:,}: " + " ".join(f"{n}={w:.4g}" for n, w in p["weights"].items())
