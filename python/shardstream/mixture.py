@@ -526,10 +526,10 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         return self._iter
 
     def _open_stream(self) -> RawMixStream:
-        layout, start = self._layout(), self._start_point()
+        layout, start, loaded = self._layout(), self._start_point(), self._loaded
         raw = RawMixStream(self.raw, start, layout)
         self._loaded = False
-        if start.at_start:  # (a resumed source may rightly have no rows left)
+        if start.at_start and not loaded:  # (a loaded source may rightly have no rows left)
             self._warn_barren(raw, layout)
         return raw
 
