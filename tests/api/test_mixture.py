@@ -699,6 +699,15 @@ def test_a_source_without_rows_in_a_slot_is_warned_of(data, shard_factory):
         assert [t for b in again for t in b["source"]] == [1] * 36
 
 
+def test_a_slot_given_twice_is_named_as_the_mixtures(data):
+    ds = mix(data, batch_size=5)
+    it = iter(ds)
+    next(it)
+    st = ds.state_dict()
+    with pytest.raises(StateError, match=r"^two Mixture states for slot 0 of 1: pass each"):
+        mix(data, batch_size=5).load_state_dict([st, st])
+
+
 def test_a_stratified_block_is_bounded(data):
     """A block's counts and served order are laid out when it starts: block=10**7 took 0.7 s
     and 18 MiB before the first item, so 10**12 would take most of a day and terabytes (it

@@ -129,6 +129,17 @@ impl MixResume {
                 changes.join("; ")
             )));
         }
+        // A slot given twice, named as the mixture's (each source would otherwise report it
+        // as its own).
+        let mut slots = BTreeSet::new();
+        for slot in parsed.iter().filter_map(|st| st.slot.as_ref()) {
+            if !slots.insert((slot.index, slot.count)) {
+                return Err(Error::State(format!(
+                    "two Mixture states for slot {} of {}: pass each slot's state once",
+                    slot.index, slot.count
+                )));
+            }
+        }
         // Per source: its states from every slot, checked as a stream's.
         let names = cfg.names();
         let mut sources = Vec::with_capacity(names.len());
