@@ -534,6 +534,24 @@ def test_source_stats_follow_the_items_handed_out(data, batch_size):
     assert sum(seen.values()) == 300 and seen["math"] > ROWS["math"] and seen["web"] > ROWS["web"]
 
 
+def test_source_stats_of_a_dropped_source_stay_at_its_last_epoch(data):
+    """A "drop" source runs one epoch: once it is used up, its stats report that epoch's end
+    (not the start of an epoch it will not run) and that it left the mix."""
+    ds = mix(data, batch_size=10, samples=None, on_exhausted={"math": "drop"})
+    it = iter(ds)
+    while ds.source_stats()["math"]["items"] < ROWS["math"]:
+        next(it)
+    next(it)  # the mixer has seen math run out
+    math = ds.source_stats()["math"]
+    assert (math["items"], math["epoch"], math["rows"], math["active"]) == (
+        ROWS["math"],
+        0,
+        ROWS["math"],
+        False,
+    )
+    assert ds.source_stats()["web"]["active"]
+
+
 def test_state_size_does_not_grow_with_items(data):
     """Only numbers change with the position: the state's shape (every field, every string)
     is the same after 10 items as after 2000; its size differs by digits only."""

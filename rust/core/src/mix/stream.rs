@@ -487,7 +487,7 @@ impl MixStream {
                     let st = s.state_within_batch(c[i])?;
                     (st.epoch, st.emitted)
                 }
-                _ => s.position(),
+                _ => s.position_before(self.cfg.until(i)),
             };
             out.push((
                 m.taken()[i],

@@ -213,7 +213,17 @@ impl Stream {
     /// `(epoch, rows emitted in it)` of the next output row: at the end of an epoch that is the
     /// start of the next one (unless the pass ends there).
     pub fn position(&self) -> (u64, u64) {
-        let end = self.end_epoch();
+        self.position_before(None)
+    }
+
+    /// [`Self::position`], with epoch `until` (if any) ending the stream as its own end does (a
+    /// mixture's source capped at `max_epochs` reports its last epoch's end, not an epoch it
+    /// will not run).
+    pub fn position_before(&self, until: Option<u64>) -> (u64, u64) {
+        let end = match (self.end_epoch(), until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let at_end = self.emitted >= self.spec.output_len();
         if at_end && end.is_none_or(|e| self.epoch + 1 < e) && !self.nothing_after() {
             return (self.epoch + 1, 0);
