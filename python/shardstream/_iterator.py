@@ -73,9 +73,10 @@ class RowIterator(StreamIterator):
         if self._owner._iter is not self:
             self.ended = True  # like a generator that raised: finished from now on
             raise RuntimeError(
-                f"this iterator is stale: iter() was called again on the same "
-                f"{type(self._owner).__name__}, and only the newest iterator owns the dataset's "
-                "position"
+                f"this iterator is stale: the same {type(self._owner).__name__} has been "
+                "iterated again or given another position (iter(), load_state_dict(), "
+                "set_epoch(), skip()) since it was made, and only the newest iterator owns the "
+                "dataset's position"
             )
         while True:
             if self._rows is not None:

@@ -805,6 +805,15 @@ def test_only_the_newest_iterator_owns_the_position(data):
     old = iter(ds)
     first = next(old)
     new = iter(ds)  # continues after `first`
-    with pytest.raises(RuntimeError, match="iter\\(\\) was called again on the same Mixture"):
+    stale = "stale: the same Mixture has been iterated again or given another position"
+    with pytest.raises(RuntimeError, match=stale):
         next(old)
     assert [key(first, True)] + keys(new) == keys(mix(data, batch_size=5))
+    # load_state_dict makes the running iterator stale too, in either mode
+    for batch_size in (5, None):
+        ds = mix(data, batch_size=batch_size)
+        it = iter(ds)
+        next(it)
+        ds.load_state_dict(ds.state_dict())
+        with pytest.raises(RuntimeError, match=stale):
+            next(it)

@@ -632,7 +632,7 @@ def test_stale_iterator_in_either_mode(small, batch_size, output):
     head = keys_of(take(it1, 3), batched)
     it2 = iter(ds)
     assert it1.started and not it2.started and not it1.ended
-    stale = r"stale: iter\(\) was called again on the same ParquetStream"
+    stale = r"stale: the same ParquetStream has been iterated again or given another position"
     with pytest.raises(RuntimeError, match=stale):
         next(it1)
     assert it1.ended

@@ -106,8 +106,9 @@ impl RawIter {
         if !owner.getattr(intern!(py, "_iter"))?.is(slf) {
             slf.borrow_mut().ended = true; // like a generator that raised: finished from now on
             return Err(PyRuntimeError::new_err(format!(
-                "this iterator is stale: iter() was called again on the same {}, and only the \
-                 newest iterator owns the dataset's position",
+                "this iterator is stale: the same {} has been iterated again or given another \
+                 position (iter(), load_state_dict(), set_epoch(), skip()) since it was made, and \
+                 only the newest iterator owns the dataset's position",
                 owner.get_type().name()?
             )));
         }
