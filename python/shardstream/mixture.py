@@ -491,13 +491,22 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             StateError: malformed, of another mixture's settings, a source's state does not
                 match its data (the message names the source), or (``strict``) a change.
         """
-        found = _state.gather(state_dict)
-        if not found:
+        located = _state.find_states(state_dict)
+        if not located:
             raise StateError(
                 f"no shardstream state found in the {type(state_dict).__name__} given "
                 "(expected what Mixture.state_dict() returns, or a list or loader state holding it)"
             )
+        others = [(w, s["format"]) for w, s in located if s["format"] != _core.MIXTURE_FORMAT]
+        if others:
+            where, fmt = others[0]
+            raise StateError(
+                f"the state given holds a {fmt} state{f' at {where}' if where else ''}, not a "
+                f"{_core.MIXTURE_FORMAT} one: a Mixture loads what Mixture.state_dict() saved"
+                + (f" ({len(others)} such states in all)" if len(others) > 1 else "")
+            )
         self._start_point()
+        found = [s for _, s in located]
         self._resume = RawMixResume.load(self.raw, found, allow_changed_shards, strict)
         self._loaded = True
 

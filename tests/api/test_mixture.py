@@ -426,7 +426,7 @@ def test_states_of_another_mixture_are_refused(data):
         StateError, match='source "web".*shuffle_buffer: state has 3, dataset has 4'
     ):
         other_shuffle.load_state_dict(state)
-    with pytest.raises(StateError, match="ParquetStream's"):
+    with pytest.raises(StateError, match="holds a shardstream.ParquetStream state, not a"):
         mix(data, batch_size=7).load_state_dict(state["sources"]["web"])
     with pytest.raises(StateError, match="Mixture state"):
         ParquetStream(data["web"].root).load_state_dict(state)
@@ -724,6 +724,14 @@ def test_a_slot_given_twice_is_named_as_the_mixtures(data):
     st = ds.state_dict()
     with pytest.raises(StateError, match=r"^two Mixture states for slot 0 of 1: pass each"):
         mix(data, batch_size=5).load_state_dict([st, st])
+    # a stream's state beside it: refused, saying where it is
+    stream = ParquetStream(data["web"].root).state_dict()
+    want = (
+        r"^the state given holds a shardstream\.ParquetStream state at \['ckpt'\]\['b'\], not "
+        r"a shardstream\.Mixture one"
+    )
+    with pytest.raises(StateError, match=want):
+        mix(data, batch_size=5).load_state_dict({"ckpt": {"a": st, "b": stream}})
 
 
 def test_a_stratified_block_is_bounded(data):
