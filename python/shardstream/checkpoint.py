@@ -123,13 +123,19 @@ def state_summaries(state_dict: Any) -> list[dict[str, Any]]:
     ``ParquetStream.load_state_dict`` takes), for a two-phase elastic resume: each state's
     ``first_epoch``, ``slot`` and ``position`` without its shuffle buffer (~0.2 kB against
     ~10.7 B per buffered row), each spec's ``injected`` row ids (left by an earlier elastic
-    resume) replaced by their number ``injected_rows``. Save them beside the states; a new
-    rank reads every summary, then only the states ``ParquetStream.needed_slots`` names.
+    resume) replaced by their number ``injected_rows``; a state without a slot (a rank that
+    never iterated) stays one, standing for the slot missing from the others. Save them beside
+    the states; a new rank reads every summary, then only the states
+    ``ParquetStream.needed_slots`` names.
     """
     from .state import gather
 
     out = []
     for st in gather(state_dict):
+        if st.get("slot") is None and st.get("position") is None:
+            # A rank that never iterated: it stands for the slot missing from the others.
+            out.append({"first_epoch": st["first_epoch"], "slot": None, "position": None})
+            continue
         pos = {k: v for k, v in st["position"].items() if k != "buffer"}
         if isinstance(pos.get("specs"), list):
             pos["specs"] = [_spec_summary(sp) for sp in pos["specs"]]

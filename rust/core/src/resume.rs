@@ -441,6 +441,9 @@ impl Resume {
         layouts: &[Layout],
     ) -> Result<Vec<u32>> {
         let (sums, even, first_epoch) = parse_summaries(catalog, summaries)?;
+        if sums.is_empty() {
+            return Ok(Vec::new()); // no rank had iterated: every slot starts the pass
+        }
         let mut need = BTreeSet::new();
         for layout in layouts {
             let opts =
@@ -567,6 +570,7 @@ fn parse_summaries(
     let mut out = Vec::with_capacity(values.len());
     let mut evens = BTreeSet::new();
     let mut firsts = BTreeSet::new();
+    let mut unstarted = 0usize;
     for (i, v) in values.into_iter().enumerate() {
         let what = format!("summaries[{i}]");
         let field = |k: &str| -> Result<Value> {
@@ -581,6 +585,11 @@ fn parse_summaries(
                 Error::State(format!("{what}['first_epoch'] must be an int >= 0"))
             })?,
         );
+        if field("slot")?.is_null() && field("position")?.is_null() {
+            // A rank that never iterated: the slot missing from the others, at the start.
+            unstarted += 1;
+            continue;
+        }
         let slot: SlotRecord = serde_json::from_value(field("slot")?)
             .map_err(|e| Error::State(format!("{what}['slot']: {e}")))?;
         let even = Even::parse_state(&slot.even, &format!("{what}['slot']['even']"))?;
@@ -649,9 +658,35 @@ fn parse_summaries(
     }
     let even = match evens.iter().next() {
         Some(e) => Even::parse_state(e, "slot")?,
+        // Only ranks that never iterated: nothing was read, every slot starts the pass (the
+        // policy is not used).
+        None if unstarted > 0 => Even::Off,
         None => return Err(Error::State("no summaries given".into())),
     };
-    Ok((out, even, firsts.into_iter().next().unwrap_or(0)))
+    let first_epoch = firsts.into_iter().next().unwrap_or(0);
+    // As `Resume::load` does for full states: summaries of ranks that never iterated stand for
+    // the missing slots at the start of the pass, when their count matches exactly (otherwise
+    // the merge reports the missing slots).
+    if let Some(count) = out.first().map(|s| s.slot.count) {
+        let missing: Vec<u32> = (0..count)
+            .filter(|i| !out.iter().any(|s| s.slot.index == *i))
+            .collect();
+        if unstarted > 0 && missing.len() == unstarted {
+            for i in missing {
+                let slot = Slot::new(i, count)?;
+                out.push(Summary::from_counts(
+                    slot,
+                    first_epoch,
+                    0,
+                    0,
+                    Vec::new(),
+                    total,
+                    even,
+                )?);
+            }
+        }
+    }
+    Ok((out, even, first_epoch))
 }
 
 /// A spec of a summary: a state's spec, whose `injected` rows may be given by their number
