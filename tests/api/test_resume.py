@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import collections
 import itertools
 import json
 
@@ -356,6 +357,52 @@ def test_two_phase_summaries_after_an_earlier_elastic_resume(small):
     spec["injected"] = "AAAAAAAAAAA="  # one row id, against injected_rows
     with pytest.raises(StateError, match="'injected_rows' is .* but 'injected' holds 1 rows"):
         make_ds(small.root, dict(base, rank=0, world_size=2)).needed_slots(bad)
+
+
+@pytest.mark.parametrize("hops", [(2, 1, 2), (2, 3, 2), (4, 1, 3)])
+@pytest.mark.parametrize("two_phase", [False, True], ids=["states", "summaries"])
+def test_two_elastic_resumes_read_every_row_once(shard_factory, hops, two_phase):
+    """Resize, then resize again, from positions where some ranks are an epoch ahead of
+    others: the first resume's states hold specs of a later epoch than any of them is in, and
+    the second must carry them on (it read that epoch again in full: rows twice). Every id
+    exactly once per epoch, over every combination of the first layout's positions."""
+    data = shard_factory(num_shards=2, rows_per_shard=3, row_group_size=1, seed=31)
+    epochs = 3
+    base = dict(columns=["id"], output="python", epochs=epochs, even=None)
+
+    def run(rank, world, n=None, states=None, summaries=None):
+        ds = ParquetStream(data.root, rank=rank, world_size=world, **base)
+        if states is not None:
+            if summaries is not None:
+                need = ds.needed_slots(summaries)
+                ds.load_state_dict([states[i] for i in need], summaries=summaries)
+            else:
+                ds.load_state_dict(states)
+        ids = [int(x["id"]) for x in itertools.islice(ds, n)] if n != 0 else []
+        return ids, ds.state_dict()
+
+    first = hops[0]
+    per_rank = [len(run(r, first)[0]) for r in range(first)]
+    crossed = 0
+    for ks in itertools.product(*[range(0, k + 1, 2) for k in per_rank]):
+        got, states = [], []
+        for r, k in enumerate(ks):
+            ids, st = run(r, first, k)
+            got += ids
+            states.append(st)
+        crossed += len({st["position"]["epoch"] for st in states if st.get("slot")}) > 1
+        for h, world in enumerate(hops[1:], start=1):
+            last = h == len(hops) - 1
+            summaries = state_summaries(states) if two_phase else None
+            new = []
+            for r in range(world):
+                ids, st = run(r, world, None if last else 1, states, summaries)
+                got += ids
+                new.append(st)
+            states = new
+        want = collections.Counter({i: epochs for i in range(6)})
+        assert collections.Counter(got) == want, (ks, sorted(got))
+    assert crossed > 0  # some first-layout position had ranks in different epochs
 
 
 @pytest.fixture(scope="module")

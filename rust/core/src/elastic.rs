@@ -164,9 +164,12 @@ fn remainders(
 ) -> BTreeMap<u64, Remainder> {
     let end = opts.epochs.map(|n| opts.first_epoch + n);
     let mut owed: BTreeMap<u64, Remainder> = BTreeMap::new();
+    // The last epoch any old slot is in, or has a spec of: a slot resumed elastically before
+    // holds its share of later epochs that some old slots had begun (every later epoch up to
+    // there is owed by every slot, or the rows read in it would be read again).
     let last = old
         .iter()
-        .map(|c| c.state.epoch)
+        .flat_map(|c| std::iter::once(c.state.epoch).chain(c.state.specs.iter().map(|(e, _)| *e)))
         .max()
         .unwrap_or(opts.first_epoch);
     let last = end.map_or(last, |e| last.min(e.saturating_sub(1)));
@@ -394,12 +397,13 @@ fn complete(old: &mut [Summary], new: Slot) -> Result<u32> {
     Ok(count)
 }
 
-/// The last epoch any old slot is in (bounded by the pass's end).
+/// The last epoch any old slot is in or has a spec of (bounded by the pass's end), as in
+/// [`remainders`].
 fn last_epoch(opts: &StreamOptions, old: &[Summary]) -> u64 {
     let end = opts.epochs.map(|n| opts.first_epoch + n);
     let last = old
         .iter()
-        .map(|c| c.epoch)
+        .flat_map(|c| std::iter::once(c.epoch).chain(c.later.iter().map(|l| l.0)))
         .max()
         .unwrap_or(opts.first_epoch);
     end.map_or(last, |e| last.min(e.saturating_sub(1)))
