@@ -497,7 +497,10 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
                 f"no shardstream state found in the {type(state_dict).__name__} given "
                 "(expected what Mixture.state_dict() returns, or a list or loader state holding it)"
             )
-        others = [(w, s["format"]) for w, s in located if s["format"] != _core.MIXTURE_FORMAT]
+        # Another kind's state, named with where it is (a broken state, e.g. without its
+        # format, is left to the core, which says what is wrong with it).
+        kinds = (_core.STATE_FORMAT, _core.SAMPLER_FORMAT)
+        others = [(w, s.get("format")) for w, s in located if s.get("format") in kinds]
         if others:
             where, fmt = others[0]
             raise StateError(

@@ -732,6 +732,10 @@ def test_a_slot_given_twice_is_named_as_the_mixtures(data):
     )
     with pytest.raises(StateError, match=want):
         mix(data, batch_size=5).load_state_dict({"ckpt": {"a": st, "b": stream}})
+    # a state without its format is still a StateError (the core says what is wrong)
+    broken = {k: v for k, v in st.items() if k != "format"}
+    with pytest.raises(StateError):
+        mix(data, batch_size=5).load_state_dict(broken)
 
 
 def test_a_stratified_block_is_bounded(data):
