@@ -249,14 +249,13 @@ impl Resume {
         let unstarted = parsed.iter().filter(|s| s.slot.is_none()).count();
         let mut unstarted_left = unstarted;
         if let Some(count) = positions.first().map(|(s, _)| s.count) {
-            let missing: Vec<u32> = (0..count)
-                .filter(|i| !positions.iter().any(|(s, _)| s.index == *i))
-                .collect();
-            if !missing.is_empty() && missing.len() == unstarted {
+            let present: Vec<u32> = positions.iter().map(|(s, _)| s.index).collect();
+            let missing = unstarted_slots(count, &present, unstarted);
+            if !missing.is_empty() {
                 unstarted_left = 0;
-                for i in missing {
-                    positions.push((Slot::new(i, count)?, SlotState::start_of(first_epoch)));
-                }
+            }
+            for i in missing {
+                positions.push((Slot::new(i, count)?, SlotState::start_of(first_epoch)));
             }
         }
         let loaded = if positions.is_empty() {
@@ -560,6 +559,19 @@ impl Resume {
     }
 }
 
+/// The slots of a `count`-slot layout that `unstarted` states without a slot (ranks that never
+/// iterated) stand for, at the start of the pass: the slots missing from `present`, when exactly
+/// that many are missing; none otherwise (the merge then reports the missing slots). Full
+/// states, summaries and mixture states all follow this rule.
+pub(crate) fn unstarted_slots(count: u32, present: &[u32], unstarted: usize) -> Vec<u32> {
+    let missing: Vec<u32> = (0..count).filter(|i| !present.contains(i)).collect();
+    if !missing.is_empty() && missing.len() == unstarted {
+        missing
+    } else {
+        Vec::new()
+    }
+}
+
 /// Every old slot's summary (its state's `slot` and `position`, `buffer` optional) and the
 /// layout's `even` policy.
 fn parse_summaries(
@@ -668,22 +680,18 @@ fn parse_summaries(
     // the missing slots at the start of the pass, when their count matches exactly (otherwise
     // the merge reports the missing slots).
     if let Some(count) = out.first().map(|s| s.slot.count) {
-        let missing: Vec<u32> = (0..count)
-            .filter(|i| !out.iter().any(|s| s.slot.index == *i))
-            .collect();
-        if unstarted > 0 && missing.len() == unstarted {
-            for i in missing {
-                let slot = Slot::new(i, count)?;
-                out.push(Summary::from_counts(
-                    slot,
-                    first_epoch,
-                    0,
-                    0,
-                    Vec::new(),
-                    total,
-                    even,
-                )?);
-            }
+        let present: Vec<u32> = out.iter().map(|s| s.slot.index).collect();
+        for i in unstarted_slots(count, &present, unstarted) {
+            let slot = Slot::new(i, count)?;
+            out.push(Summary::from_counts(
+                slot,
+                first_epoch,
+                0,
+                0,
+                Vec::new(),
+                total,
+                even,
+            )?);
         }
     }
     Ok((out, even, first_epoch))

@@ -219,10 +219,9 @@ impl MixResume {
                 )));
             }
             // Slots that had not started: a fresh mixer (as their sources resume at the start).
-            let missing: Vec<u32> = (0..count)
-                .filter(|i| !loaded.iter().any(|l| l.slot.index == *i))
-                .collect();
-            if !missing.is_empty() && missing.len() == unstarted {
+            let present: Vec<u32> = loaded.iter().map(|l| l.slot.index).collect();
+            let missing = crate::resume::unstarted_slots(count, &present, unstarted);
+            if !missing.is_empty() {
                 for i in missing {
                     let slot = Slot::new(i, count)?;
                     let pos = start_pos(cfg, slot, even, cfg.sources.len());
