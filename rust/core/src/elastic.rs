@@ -164,15 +164,12 @@ fn remainders(
 ) -> BTreeMap<u64, Remainder> {
     let end = opts.epochs.map(|n| opts.first_epoch + n);
     let mut owed: BTreeMap<u64, Remainder> = BTreeMap::new();
-    // The last epoch any old slot is in, or has a spec of: a slot resumed elastically before
-    // holds its share of later epochs that some old slots had begun (every later epoch up to
-    // there is owed by every slot, or the rows read in it would be read again).
-    let last = old
-        .iter()
-        .flat_map(|c| std::iter::once(c.state.epoch).chain(c.state.specs.iter().map(|(e, _)| *e)))
-        .max()
-        .unwrap_or(opts.first_epoch);
-    let last = end.map_or(last, |e| last.min(e.saturating_sub(1)));
+    let last = last_owed(
+        opts,
+        old.iter().flat_map(|c| {
+            std::iter::once(c.state.epoch).chain(c.state.specs.iter().map(|(e, _)| *e))
+        }),
+    );
     // Every epoch has the same total, so one count serves the standard specs of all of them.
     let total = catalog.total_rows();
     for c in old {
@@ -397,16 +394,24 @@ fn complete(old: &mut [Summary], new: Slot) -> Result<u32> {
     Ok(count)
 }
 
-/// The last epoch any old slot is in or has a spec of (bounded by the pass's end), as in
-/// [`remainders`].
-fn last_epoch(opts: &StreamOptions, old: &[Summary]) -> u64 {
+/// The last epoch an elastic resume owes rows of, given every old slot's epoch and the epochs
+/// of its specs (`epochs`), bounded by the pass's end: a slot resumed elastically before holds
+/// its share of later epochs that some old slots had begun, so every epoch up to the last one
+/// any slot is in *or holds a spec of* is owed by every slot (or rows read in it would be read
+/// again).
+fn last_owed(opts: &StreamOptions, epochs: impl Iterator<Item = u64>) -> u64 {
     let end = opts.epochs.map(|n| opts.first_epoch + n);
-    let last = old
-        .iter()
-        .flat_map(|c| std::iter::once(c.epoch).chain(c.later.iter().map(|l| l.0)))
-        .max()
-        .unwrap_or(opts.first_epoch);
+    let last = epochs.max().unwrap_or(opts.first_epoch);
     end.map_or(last, |e| last.min(e.saturating_sub(1)))
+}
+
+/// [`last_owed`] from summaries.
+fn last_epoch(opts: &StreamOptions, old: &[Summary]) -> u64 {
+    last_owed(
+        opts,
+        old.iter()
+            .flat_map(|c| std::iter::once(c.epoch).chain(c.later.iter().map(|l| l.0))),
+    )
 }
 
 /// What each unfinished epoch still owes, as runs of old slots' rows (the layout of
