@@ -424,6 +424,41 @@ def test_elastic_resume_emits_every_token_exactly_once(docs, pack, shuffle):
                 assert off == 0 and n == lengths[d]
 
 
+@pytest.mark.parametrize("pack", ALGOS[:2], ids=["concat", "best_fit"])
+def test_two_phase_elastic_resume_with_a_rank_that_never_iterated(docs, pack):
+    """4 ranks (rank 3 never iterated: a state without a slot) -> 3 in two phases: the
+    summaries say which old slots hold pending documents, so no new rank asks for the state
+    of the rank that never iterated; each new rank's stream is the one loading every state
+    gives, and every token of every document is emitted exactly once."""
+    from shardstream.checkpoint import state_summaries
+
+    root, lengths = docs
+    kw = dict(shuffle_buffer=16, seed=2, even=None, batch_size=1)
+    before, states = [], []
+    for r, n in enumerate((4, 7, 2)):
+        items, st = run(root, pack, n=n, rank=r, world_size=4, **kw)
+        before += items
+        states.append(st)
+    states.append(stream(root, pack, rank=3, world_size=4, **kw).state_dict())
+    assert states[3]["slot"] is None
+    summaries = state_summaries(states)
+    after = []
+    for r in range(3):
+        ds = stream(root, pack, rank=r, world_size=3, **kw)
+        need = ds.needed_slots(summaries)
+        assert 3 not in need  # the unstarted rank: nothing pending, no rows buffered
+        assert {i for i in range(3) if i % 3 == r} <= set(need)  # its pending documents
+        ds.load_state_dict([states[i] for i in need], summaries=summaries)
+        items = list(ds)
+        want, _ = run(root, pack, state=states, rank=r, world_size=3, **kw)
+        assert same(items, want) and len(items) == len(want)
+        after += items
+    rows = check_rows(before + after, 64)
+    assert collections.Counter(tokens(rows)) == collections.Counter(
+        all_tokens(lengths, range(len(lengths)))
+    )
+
+
 @pytest.mark.parametrize("output", ["torch", "numpy", "python"])
 def test_row_mode_and_outputs_agree_with_batches(docs, output):
     root, _ = docs

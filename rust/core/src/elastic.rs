@@ -262,6 +262,9 @@ pub struct Summary {
     pub buffered: u64,
     /// Its non-standard specs of later epochs: (epoch, ranges, number of injected rows).
     pub later: Vec<(u64, Vec<Range<u64>>, u64)>,
+    /// It holds the packer's pending documents (only in its full state), which another layout
+    /// hands to one new slot: that slot then needs the full state.
+    pub pending: bool,
 }
 
 /// Where a run of remainder rows comes from in an old slot's state.
@@ -300,13 +303,14 @@ impl Summary {
                 .filter(|(e, _)| *e > c.state.epoch)
                 .map(|(e, s)| (*e, s.ranges.clone(), s.injected.len() as u64))
                 .collect(),
+            pending: c.state.pack.as_ref().is_some_and(|p| !p.is_empty()),
         }
     }
 
     /// The summary of a position given by its counts only (`specs`: its non-standard specs as
     /// (epoch, ranges, number of injected rows)), checked as far as counts allow: `total` is
     /// an epoch's rows, `even` the old layout's policy. The buffer holds what was read or
-    /// injected and not emitted.
+    /// injected and not emitted. No pending documents (set `pending` after, if it has).
     pub fn from_counts(
         slot: Slot,
         epoch: u64,
@@ -359,6 +363,7 @@ impl Summary {
             unread: spec.ranges_after(cursor),
             buffered: cursor + injected - emitted,
             later: specs.into_iter().filter(|s| s.0 > epoch).collect(),
+            pending: false,
         })
     }
 }
@@ -476,15 +481,14 @@ fn runs_in(
 }
 
 /// The old slots whose row lists (shuffle buffer or injected rows) slot `new` of the new
-/// layout needs, from every old slot's summary; with `pack`, also those whose pending
-/// documents it continues (old slot `i` -> new slot `i % count`).
+/// layout needs, from every old slot's summary; also those holding pending documents it
+/// continues ([`pending_owner`]).
 pub fn needed_slots(
     opts: &StreamOptions,
     total: u64,
     old: &[Summary],
     old_even: Even,
     new: Slot,
-    pack: bool,
 ) -> Result<Vec<u32>> {
     let mut old = old.to_vec();
     let count = complete(&mut old, new)?;
@@ -492,9 +496,11 @@ pub fn needed_slots(
         return Ok(vec![new.index]);
     }
     let mut need = std::collections::BTreeSet::new();
-    if pack {
-        need.extend((0..count).filter(|i| i % new.count == new.index));
-    }
+    need.extend(
+        old.iter()
+            .filter(|s| s.pending && pending_owner(s.slot.index, new.count) == new.index)
+            .map(|s| s.slot.index),
+    );
     for r in layouts(opts, total, &old, old_even).values() {
         let nrows: u64 = r.rows.iter().map(|x| x.len).sum();
         let n = nrows + r.ranges.iter().map(|x| x.end - x.start).sum::<u64>();
@@ -511,6 +517,13 @@ pub fn needed_slots(
         }
     }
     Ok(need.into_iter().collect())
+}
+
+/// The new slot (of `count`) that continues old slot `old`'s pending documents on another
+/// layout; each new slot takes its old slots' queues in old-slot order, so every pending
+/// document is packed exactly once.
+pub fn pending_owner(old: u32, count: u32) -> u32 {
+    old % count
 }
 
 /// [`merged_state`] from every old slot's summary and the validated states of (at least) the
@@ -825,7 +838,8 @@ mod tests {
             rows in proptest::collection::vec(0usize..40, 1..4), shuffle in prop_oneof![Just(0usize), 1usize..12],
             counts in proptest::collection::vec(1u32..7, 3), bs in 1usize..5,
             cuts in proptest::collection::vec(0usize..12, 1..7), cuts2 in proptest::collection::vec(0usize..12, 1..7),
-            evens in proptest::collection::vec(0u8..3, 3), generations in 1usize..3, pack: bool,
+            evens in proptest::collection::vec(0u8..3, 3), generations in 1usize..3,
+            pending in proptest::collection::vec(any::<bool>(), 6),
         ) {
             let dir = tempfile::tempdir().unwrap();
             let files = write_shards(dir.path(), &rows, 5);
@@ -844,18 +858,28 @@ mod tests {
                 old_even = even(1);
             }
             let checked = check_states(&cat, &o(2), states.clone(), old_even).unwrap();
-            let summaries: Vec<Summary> = checked.iter().map(Summary::of).collect();
+            let mut summaries: Vec<Summary> = checked.iter().map(Summary::of).collect();
             for c in &checked {
                 let st = &c.state;
                 let specs = st.specs.iter().map(|(e, s)| (*e, s.ranges.clone(), s.injected.len() as u64)).collect();
                 let counted = Summary::from_counts(c.slot, st.epoch, st.cursor, st.emitted, specs, total, old_even).unwrap();
                 prop_assert_eq!(&counted, &Summary::of(c));
             }
+            // Slots holding a packer's pending documents (these states have no packer: the
+            // flag alone decides which slots a new one must take them from).
+            for s in summaries.iter_mut() {
+                s.pending = pending[s.slot.index as usize];
+            }
+            let owes = |i: u32, new: Slot| pending[i as usize] && pending_owner(i, new.count) == new.index;
             let mut used = 0;
             for j in 0..counts[2] {
                 let new = Slot::new(j, counts[2]).unwrap();
                 let want = merged_state(&cat, &o(2), &checked, old_even, new).unwrap();
-                let need = needed_slots(&o(2), total, &summaries, old_even, new, pack).unwrap();
+                let need = needed_slots(&o(2), total, &summaries, old_even, new).unwrap();
+                let same = old_n_of(&states) == new.count && old_even == o(2).even;
+                for i in (0..old_n_of(&states)).filter(|i| owes(*i, new) && !same) {
+                    prop_assert!(need.contains(&i), "slot {} holds pending documents for {:?}", i, new);
+                }
                 used += need.len();
                 let given: BTreeMap<u32, SlotState> = checked.iter()
                     .filter(|c| need.contains(&c.slot.index))
@@ -864,11 +888,10 @@ mod tests {
                 let got = merged_from_summaries(&o(2), total, &summaries, &given, old_even, new).unwrap();
                 prop_assert_eq!(got, want);
                 // Without a slot it names, the merge refuses (when it has rows to take there).
-                for i in need.iter().filter(|i| !pack || **i % new.count != new.index) {
+                for i in need.iter().filter(|i| same || !owes(**i, new)) {
                     let mut less = given.clone();
                     less.remove(i);
                     let err = merged_from_summaries(&o(2), total, &summaries, &less, old_even, new).unwrap_err();
-                    let same = old_n_of(&states) == new.count && old_even == o(2).even;
                     let msg = if same { "no state for slot" } else { "needs the full state of old slot" };
                     prop_assert!(err.to_string().contains(msg), "{}", err);
                 }
@@ -877,7 +900,7 @@ mod tests {
             // most one more new slot than its share, plus padding's extra row per new slot.
             let (old_n, new_n) = (counts[if generations == 2 { 1 } else { 0 }] as usize, counts[2] as usize);
             let epochs_in_play = 2;
-            prop_assert!(used <= epochs_in_play * (old_n + 2 * new_n) + if pack { old_n } else { 0 }, "{} {} {}", used, old_n, new_n);
+            prop_assert!(used <= epochs_in_play * (old_n + 2 * new_n) + pending.iter().filter(|p| **p).count(), "{} {} {}", used, old_n, new_n);
         }
     }
 

@@ -19,7 +19,8 @@ use serde_json::Value;
 
 use crate::catalog::Catalog;
 use crate::elastic::{
-    check_states, merged_from_summaries, merged_state, needed_slots, Checked, Summary,
+    check_states, merged_from_summaries, merged_state, needed_slots, pending_owner, Checked,
+    Summary,
 };
 use crate::error::{Error, Result};
 use crate::plan::{EpochPlan, Even, Slot};
@@ -361,8 +362,11 @@ impl Resume {
         if settings.pack.is_some() {
             // Pending documents are carried by slot index: each must be here, or lost.
             let count = self.summaries[0].slot.count;
-            if let Some(i) = (0..count)
-                .filter(|i| i % new.count == new.index)
+            if let Some(i) = self
+                .summaries
+                .iter()
+                .filter(|s| s.pending && pending_owner(s.slot.index, new.count) == new.index)
+                .map(|s| s.slot.index)
                 .find(|i| !self.loaded.iter().any(|c| c.slot.index == *i))
             {
                 return Err(Error::State(format!(
@@ -453,19 +457,19 @@ impl Resume {
                 &sums,
                 even,
                 layout.slot,
-                settings.pack.is_some(),
             )?);
         }
         Ok(need.into_iter().collect())
     }
 
-    /// With packing, another layout: old slot `i`'s pending documents go to new slot
-    /// `i % count`, queues concatenated in old-slot order, so each is packed exactly once.
+    /// With packing, another layout: each old slot's pending documents go to one new slot
+    /// ([`pending_owner`]), queues concatenated in old-slot order, so each is packed exactly
+    /// once.
     fn pending_share(&self, new: Slot) -> Vec<crate::pack::DocRef> {
         let mut old: Vec<&Checked> = self.loaded.iter().collect();
         old.sort_by_key(|c| c.slot.index);
         old.into_iter()
-            .filter(|c| c.slot.index % new.count == new.index)
+            .filter(|c| pending_owner(c.slot.index, new.count) == new.index)
             .flat_map(|c| c.state.pack.clone().unwrap_or_default())
             .collect()
     }
@@ -646,7 +650,7 @@ fn parse_summaries(
             specs.push((rec.epoch, ranges, injected));
         }
         let slot_ = Slot::new(slot.index, slot.count)?;
-        out.push(Summary::from_counts(
+        let mut summary = Summary::from_counts(
             slot_,
             num("epoch")?,
             num("cursor")?,
@@ -654,7 +658,14 @@ fn parse_summaries(
             specs,
             total,
             even,
-        )?);
+        )?;
+        // The packer's queue (kept in a summary: its row ids, 8 bytes a pending document).
+        // Anything but an empty queue counts as pending; loading the state checks its shape.
+        summary.pending = match pos.get("pack") {
+            None | Some(Value::Null) => false,
+            Some(p) => p.get("rows").and_then(Value::as_str) != Some(""),
+        };
+        out.push(summary);
     }
     if evens.len() > 1 {
         return Err(Error::State(format!(

@@ -24,6 +24,7 @@ use serde_json::Value;
 use super::rule::{Mixer, MixerPos};
 use super::stream::{in_source, mixer_record, MixStream};
 use super::{share, MixConfig};
+use crate::elastic::pending_owner;
 use crate::error::{Error, Result};
 use crate::plan::{Even, Slot};
 use crate::resume::Resume;
@@ -342,8 +343,8 @@ impl MixResume {
     }
 
     /// Packing after mixing: the pending documents `layout`'s packer starts with (source index,
-    /// reference): its own slot's in the same layout; in another, old slot `i`'s go to new
-    /// slot `i % count`, in old-slot order, so each document is packed exactly once.
+    /// reference): its own slot's in the same layout; in another, each old slot's go to one new
+    /// slot ([`pending_owner`]), in old-slot order, so each document is packed exactly once.
     pub(crate) fn pending(
         &self,
         cfg: &MixConfig,
@@ -359,7 +360,7 @@ impl MixResume {
             let mine = if same {
                 l.slot == layout.slot
             } else {
-                l.slot.index % layout.slot.count == layout.slot.index
+                pending_owner(l.slot.index, layout.slot.count) == layout.slot.index
             };
             if !mine {
                 continue;
