@@ -375,6 +375,64 @@ def test_sources_added_and_removed_on_resume(data):
     )
 
 
+@pytest.mark.parametrize("old,mid", [(2, 3), (3, 2), (2, 4)])
+def test_a_source_removed_at_a_resize_comes_back_with_every_slots_states(
+    data, old, mid, tmp_path, capsys
+):
+    """old ranks with {web, code, math} -> mid ranks without math (a resize: math's states are
+    spread over the new slots, some get none) -> mid ranks with math back. Each rank given only
+    its own state is refused naming math (a rank holding none of math's states restarted it:
+    rows twice); given every rank's states, math's rows come exactly once in its epoch."""
+    kw = dict(batch_size=3, even=None, on_exhausted="drop", max_epochs=1, samples=None)
+    w3 = {"web": 0.6, "code": 0.3, "math": 0.1}
+    w2 = {"web": 0.6, "code": 0.4}
+
+    def m(weights, rank, world, names=("code", "math", "web")):
+        src = sources(data, shuffle=(4, 2, 7))
+        return mix(
+            data,
+            weights=weights,
+            rank=rank,
+            world_size=world,
+            sources={n: src[n] for n in names},
+            **kw,
+        )
+
+    seen, states = [], []
+    for r in range(old):
+        ds = m(w3, r, old)
+        it = iter(ds)
+        for _ in range(4 + r):
+            seen.extend((ds.source_names[s], i) for s, i in flat([key(next(it), True)]))
+        states.append(torch_roundtrip(ds.state_dict()))
+    mids = []
+    for r in range(mid):
+        ds = m(w2, r, mid, names=("code", "web"))
+        ds.load_state_dict(states)
+        it = iter(ds)
+        for _ in range(2):
+            seen.extend((ds.source_names[s], i) for s, i in flat([key(next(it), True)]))
+        mids.append(torch_roundtrip(ds.state_dict()))
+    assert all("math" in st["removed"] for st in mids)
+    from shardstream import cli
+
+    (tmp_path / "mid.json").write_text(json.dumps(mids))
+    assert cli.main(["state", str(tmp_path / "mid.json"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["states"]
+    assert [st["removed_spread"] for st in shown] == [["math"]] * mid
+    assert cli.main(["state", str(tmp_path / "mid.json")]) == 0
+    assert capsys.readouterr().out.count("spread over every slot's state") == mid
+    for r in range(mid):
+        with pytest.raises(StateError, match='source "math" comes back.*every slot'):
+            m(w3, r, mid).load_state_dict(mids[r])
+    for r in range(mid):
+        ds = m(w3, r, mid)
+        ds.load_state_dict(mids)
+        seen.extend((ds.source_names[s], i) for s, i in flat(keys(ds)))
+    for n in ("code", "math", "web"):
+        assert sorted(i for s, i in seen if s == n) == sorted(data[n].ids), n
+
+
 def test_dcp_roundtrip_two_ranks_resume_on_three(data, tmp_path):
     """Each rank's state saved under its own key with torch.distributed.checkpoint (no process
     group: one process) and loaded back whole: the mixture resumes on another number of ranks

@@ -151,7 +151,10 @@ def describe_state(st: dict[str, Any]) -> dict[str, Any]:
     ``started``, ``slot``, ``items`` (this slot's), ``left`` (items it may still yield),
     ``settings``, ``weights`` (as fractions), ``sources`` (per source: ``items`` taken,
     ``active``, ``epoch``, ``emitted``, ``cursor``, ``buffer_rows``, ``percent``,
-    ``settings``, ``policy``), ``removed`` and ``problems``.
+    ``settings``, ``policy``), ``removed`` (per removed source, how many of its states this one
+    holds), ``removed_spread`` (the removed sources whose position is spread over every slot's
+    state: they left at a resize, and adding one back needs every slot's state) and
+    ``problems``.
 
     Keys of a stream's state: ``format``, ``version``, ``epoch``, ``first_epoch``, ``epochs``,
     ``emitted`` (rows this slot yielded in the epoch), ``cursor``, ``slot``
@@ -244,6 +247,13 @@ def _describe_mixture(parsed: dict[str, Any]) -> dict[str, Any]:
         },
         "sources": sources,
         "removed": {n: len(v) for n, v in parsed["removed"].items()},
+        # Removed sources whose position is not this slot's own state alone (they left at a
+        # resize): adding one back needs every slot's state.
+        "removed_spread": sorted(
+            n
+            for n, v in parsed["removed"].items()
+            if not (len(v) == 1 and v[0]["slot"] in (None, parsed["slot"]))
+        ),
         "problems": [],
     }
 
@@ -292,7 +302,21 @@ def _mixture_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
             )
         )
     for name, n in d["removed"].items():
-        add((f"removed {name}", f"its position is kept ({n} state(s)): it continues if added back"))
+        if name in d["removed_spread"]:
+            add(
+                (
+                    f"removed {name}",
+                    f"its position is kept, spread over every slot's state ({n} here: it left "
+                    "at a resize): it continues if added back with every slot's state loaded",
+                )
+            )
+        else:
+            add(
+                (
+                    f"removed {name}",
+                    f"its position is kept ({n} state(s)): it continues if added back",
+                )
+            )
     add(("settings", " ".join(f"{k}={v!r}" for k, v in d["settings"].items())))
     if error is not _UNCHECKED:
         add(("source", "matches" if error is None else f"DOES NOT MATCH: {error}"))

@@ -14,7 +14,9 @@
 //! slots`) and splits what is left of `samples` between the new slots (`even` applies), so
 //! every new slot starts the same sequence. Sources are matched by name: a new one starts at
 //! its beginning, a removed one's states are carried in `removed` (by old slot: slot `i`'s go to
-//! new slot `i % new slots`) so it continues where it was if it comes back. `strict` refuses any
+//! new slot `i % new slots`; every new slot names it, with no state if it got none) so it
+//! continues where it was if it comes back: from each slot's own state if it left on the same
+//! layout, else from every slot's states (`check_comes_back`). `strict` refuses any
 //! change instead, naming it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -160,6 +162,9 @@ impl MixResume {
                     "source {name:?} is in {have} of the {} states given",
                     parsed.len()
                 )));
+            }
+            if have == 0 {
+                check_comes_back(name, &parsed, &found)?;
             }
             let src = &cfg.sources[i];
             let r = if found.is_empty() {
@@ -328,7 +333,15 @@ impl MixResume {
             }
         }
         let m = Mixer::fresh(rule, layout.slot, base, left, vec![true; k], items, taken);
-        let mut removed: BTreeMap<String, Vec<StreamState>> = BTreeMap::new();
+        // Every new slot names every removed source, with the states of the old slots it
+        // continues (possibly none): the source's position is now spread over the new slots'
+        // states, and one that holds none must still know that (`check_comes_back`).
+        let mut removed: BTreeMap<String, Vec<StreamState>> = self
+            .loaded
+            .iter()
+            .flat_map(|l| l.removed.keys())
+            .map(|n| (n.clone(), Vec::new()))
+            .collect();
         for l in &self.loaded {
             if l.slot.index % layout.slot.count == layout.slot.index {
                 for (n, list) in &l.removed {
@@ -465,6 +478,69 @@ fn changes(cfg: &MixConfig, st: &MixtureState) -> Vec<String> {
         }
     }
     out
+}
+
+/// A source named in `removed` but in no state's `sources` comes back: its position is the
+/// removed states (`found`). Each slot's own state is enough when the source left on this
+/// layout (every removed list holds only its slot's state); after it left on another layout
+/// (a resize: a slot's list holds other slots' states, or none), its position is spread over
+/// every slot's states, and a slot given only its own would start the source over (rows
+/// twice) or lack a share: then every slot's states must be given.
+fn check_comes_back(name: &str, parsed: &[MixtureState], found: &[Value]) -> Result<()> {
+    let lists: Vec<(&MixtureState, &Vec<StreamState>)> = parsed
+        .iter()
+        .filter_map(|st| st.removed.get(name).map(|l| (st, l)))
+        .collect();
+    if lists.is_empty() {
+        return Ok(()); // a new source: it starts at its beginning
+    }
+    let own_only = lists.iter().all(|(st, list)| {
+        list.len() == 1
+            && match (&st.slot, &list[0].slot) {
+                (Some(a), Some(b)) => a.index == b.index && a.count == b.count,
+                (_, None) => true,
+                (None, Some(_)) => false,
+            }
+    });
+    if own_only {
+        return Ok(());
+    }
+    let mut count = None;
+    let mut seen = BTreeSet::new();
+    let mut unstarted = 0u32;
+    for v in found {
+        match v.get("slot") {
+            Some(Value::Object(o)) => {
+                let (i, n) = (o.get("index"), o.get("count"));
+                if let (Some(i), Some(n)) = (i.and_then(Value::as_u64), n.and_then(Value::as_u64)) {
+                    seen.insert(i);
+                    count = Some(n);
+                }
+            }
+            _ => unstarted += 1,
+        }
+    }
+    let Some(count) = count else {
+        if found.is_empty() {
+            return Err(Error::State(format!(
+                "source {name:?} comes back, but it was removed when the mixture was resumed on \
+                 another layout and these states hold none of its position (the other slots' \
+                 states do): to add it back, load the states of every slot (the list of every \
+                 rank's state), even on the same layout"
+            )));
+        }
+        return Ok(()); // only states that never read: it starts at its beginning
+    };
+    if (seen.len() as u64) + u64::from(unstarted) < count {
+        return Err(Error::State(format!(
+            "source {name:?} comes back, but it was removed when the mixture was resumed on \
+             another layout, so its position is spread over the states of every slot: these \
+             states hold {} of its {count} old slots' positions; to add it back, load the \
+             states of every slot (the list of every rank's state), even on the same layout",
+            seen.len() as u64 + u64::from(unstarted)
+        )));
+    }
+    Ok(())
 }
 
 /// A slot's mixer at the start of a pass.
