@@ -174,7 +174,8 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             ``{name: policy}`` (default ``"cycle"``): ``"cycle"`` starts its next epoch
             (reshuffled); ``"stop"`` ends the mixture right after that source's last row
             (the same item on every rank with ``even``); ``"drop"`` leaves the mixture (its
-            weight goes to the others). A source with no rows in a slot (empty, or fewer rows
+            weight goes to the others; where a schedule weights only sources that left, the
+            next point weighting one still in the mix applies). A source with no rows in a slot (empty, or fewer rows
             than slots) leaves that slot's mix whatever its policy, with a ``UserWarning``
             naming it when the slot starts.
         max_epochs: epochs a source runs through, for all or ``{name: n}``; default endless for
@@ -182,7 +183,8 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             ``max_epochs`` is dropped.
         samples: items the mixture yields over all ranks and workers (each slot yields its
             share; ``even`` applies); ``None``: until a ``"stop"`` source runs out, or every
-            source with weight has been dropped, or endless.
+            source with weight (here or at a later schedule point) has been dropped, or
+            endless.
         batch_size: ``None`` yields one row at a time (its source's columns plus the tag);
             an int yields batches of that many rows (the last one short unless
             ``drop_last``).

@@ -278,6 +278,34 @@ def test_resize_with_new_weights_holds_them_from_the_resize(data):
                 assert abs(got[:t].count(j) - t * w[n]) < 1, (r, t, n)
 
 
+@pytest.mark.parametrize(
+    "policy", [dict(on_exhausted={"math": "drop"}), dict(max_epochs={"math": 1})]
+)
+def test_a_stretch_whose_weighted_source_left_follows_the_next_point(data, policy):
+    """Step schedule: only math (17 rows) has weight until item 100, then web and code. When
+    math leaves at item 17, items 17..99 follow the next point's weights (the mixture ended
+    there, 383 items short of `samples`): every prefix from there within one item of 50/50,
+    and a resume anywhere in that stretch continues exactly."""
+    sched = [(0, {"web": 0, "code": 0, "math": 1}), (100, {"web": 0.5, "code": 0.5, "math": 0})]
+    kw = dict(weights=sched, samples=400, batch_size=None, **policy)
+    got = [s for s, _ in keys(mix(data, **kw), batched=False)]
+    names = mix(data, **kw).source_names
+    assert len(got) == 400
+    assert got[:17] == [names.index("math")] * 17 and names.index("math") not in got[17:]
+    rest = got[17:]
+    for t in range(1, len(rest) + 1):
+        for n in ("web", "code"):
+            assert abs(rest[:t].count(names.index(n)) - t / 2) < 1, (t, n)
+    full = keys(mix(data, **kw), batched=False)
+    for cut in (17, 18, 60, 99, 100, 101):
+        ds = mix(data, **kw)
+        it = iter(ds)
+        head = [key(next(it), False) for _ in range(cut)]
+        resumed = mix(data, **kw)
+        resumed.load_state_dict(torch_roundtrip(ds.state_dict()))
+        assert head + keys(resumed, batched=False) == full, cut
+
+
 # ------------------------------------------------------------------ changes on resume
 
 

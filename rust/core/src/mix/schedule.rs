@@ -226,7 +226,8 @@ pub struct Pieces {
 pub struct Piece {
     pub start: u64,
     pub end: Option<u64>,
-    /// Renormalized over the active sources; all 0 when they have no weight here.
+    /// Renormalized over the active sources; where they have no weight, the next point's at
+    /// which they have some; all 0 when no point from here on gives them any.
     pub w: Vec<u64>,
 }
 
@@ -252,7 +253,18 @@ impl Pieces {
                 (e - self.base).div_ceil(self.stride)
             }
         });
-        let w = renormalize(&w, &self.active).unwrap_or_else(|| vec![0; w.len()]);
+        // A stretch where every source still in the mix has weight 0 (those weighted there have
+        // left) takes the weights of the next point at which one of them has weight, rather
+        // than ending the mixture while later points still weight sources with rows. All 0
+        // only when no later point does: then the mixture ends.
+        let mut next = ge;
+        let mut w = renormalize(&w, &self.active);
+        while let (None, Some(g)) = (&w, next) {
+            let (wn, _, gn) = self.schedule.at(g);
+            w = renormalize(&wn, &self.active);
+            next = gn;
+        }
+        let w = w.unwrap_or_else(|| vec![0; self.active.len()]);
         Piece {
             start,
             end: end.map(|e| e.max(t + 1)),
@@ -349,5 +361,55 @@ mod tests {
                 w: vec![0, UNIT]
             }
         );
+    }
+
+    #[test]
+    fn a_stretch_without_weight_for_the_sources_left_takes_the_next_points() {
+        let third = UNIT / 3;
+        let s = Arc::new(Schedule {
+            kind: Kind::Step,
+            points: vec![
+                (0, vec![0, 0, UNIT]),
+                (10, vec![0, 0, UNIT]),
+                (20, vec![third, UNIT - third, 0]),
+            ],
+        });
+        let p = |active: Vec<bool>| Pieces {
+            schedule: s.clone(),
+            base: 0,
+            stride: 1,
+            active,
+        };
+        // Source 2 left: items 0..20 follow the weights at item 20 (the piece keeps its span).
+        let left = p(vec![true, true, false]);
+        let want = vec![third, UNIT - third, 0];
+        assert_eq!(
+            left.piece(3),
+            Piece {
+                start: 0,
+                end: Some(10),
+                w: want.clone()
+            }
+        );
+        assert_eq!(
+            left.piece(12),
+            Piece {
+                start: 10,
+                end: Some(20),
+                w: want.clone()
+            }
+        );
+        assert_eq!(
+            left.piece(25),
+            Piece {
+                start: 20,
+                end: None,
+                w: want
+            }
+        );
+        // Only source 2 is in the mix: from item 20 no point weights it, so all 0 (the end).
+        let only = p(vec![false, false, true]);
+        assert_eq!(only.piece(5).w, vec![0, 0, UNIT]);
+        assert_eq!(only.piece(20).w, vec![0, 0, 0]);
     }
 }
