@@ -778,6 +778,15 @@ def test_a_source_without_rows_in_a_slot_is_warned_of(data, shard_factory):
         )
         tags = [t for b in items for t in b["source"]]
         assert len(tags) == 24 and set(tags) == {1}  # all "web" (sources sorted by name)
+    # weighted only from a later schedule point: warned of all the same
+    sched = [(0, {"web": 1, "tiny": 0}), (8, {"web": 1, "tiny": 1})]
+    later = Mixture(
+        {"web": ParquetStream(data["web"].root, columns=["id"]),
+         "tiny": ParquetStream(tiny.root, columns=["id"])},
+        weights=sched, batch_size=4, samples=24, output="python", rank=1, world_size=2,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="^Mixture source 'tiny' has no rows in this slot"):
+        assert [t for b in later for t in b["source"]] == [1] * 12
     # a source without rows at all, in one slot; and no warning on resume
     empty = shard_factory(num_shards=1, rows_per_shard=0, seed=25)
 

@@ -455,16 +455,18 @@ impl MixStream {
         MixResume::load(&self.cfg, vec![st.to_value()], false, true)
     }
 
-    /// The sources (indexes, name order) that have weight and are in the mix but no rows left
-    /// in this slot, in any epoch they may still run (at the start: an empty source, or fewer
-    /// rows than slots): the mixer drops each when it first looks at it, so this slot's other
-    /// sources share its weight.
+    /// The sources (indexes, name order) that have weight at some point of the schedule and
+    /// are in the mix but have no rows left in this slot, in any epoch they may still run (at
+    /// the start: an empty source, or fewer rows than slots): the mixer drops each when it
+    /// first looks at it, so this slot's other sources share its weight.
     pub fn barren_sources(&mut self) -> Vec<usize> {
-        let w = self.mixer.weights();
+        let points = &self.cfg.schedule.points;
         let active = self.mixer.active();
         (0..self.streams.len())
             .filter(|&i| {
-                active[i] && w[i] > 0 && self.streams[i].rows_ahead(self.cfg.until(i)) == 0
+                active[i]
+                    && points.iter().any(|(_, w)| w[i] > 0)
+                    && self.streams[i].rows_ahead(self.cfg.until(i)) == 0
             })
             .collect()
     }
