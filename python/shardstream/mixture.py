@@ -175,9 +175,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             (reshuffled); ``"stop"`` ends the mixture right after that source's last row
             (the same item on every rank with ``even``); ``"drop"`` leaves the mixture (its
             weight goes to the others; where a schedule weights only sources that left, the
-            next point weighting one still in the mix applies). A source with no rows in a slot (empty, or fewer rows
-            than slots) leaves that slot's mix whatever its policy, with a ``UserWarning``
-            naming it when the slot starts.
+            next point weighting one still in the mix applies). A source with no rows in a
+            slot (empty, or fewer rows than slots) leaves that slot's mix whatever its policy,
+            with a ``UserWarning`` naming it when the slot starts.
         max_epochs: epochs a source runs through, for all or ``{name: n}``; default endless for
             ``"cycle"`` and 1 for ``"stop"``/``"drop"``. A ``"cycle"`` source that has run its
             ``max_epochs`` is dropped.
