@@ -33,6 +33,7 @@ from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
 from ._iterator import StreamIterator, make_iterator
+from ._signals import MainSignals
 from .convert import Converter, check_output
 from .errors import StateError
 from .integrations import accelerate as _accelerate
@@ -225,6 +226,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._two_phase: tuple[RawResume, list[dict[str, Any]], list[Any]] | None = None
         self._iter: StreamIterator | None = None  # the newest iterator
         self._loaded = False  # _resume came from load_state_dict and no iterator started yet
+        self._signals = MainSignals()  # set_epoch() etc. reaching persistent workers
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -293,12 +295,17 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
 
         After :meth:`load_state_dict`, setting the epoch the loaded state is in keeps the loaded
         position (so ``for e in range(start, n): ds.set_epoch(e); ...`` resumes); setting
-        another epoch discards it, with a ``UserWarning`` saying so.
+        another epoch discards it, with a ``UserWarning`` saying so. Persistent DataLoader
+        workers (``persistent_workers=True``) apply it when their next pass starts.
         """
         _check_count(epoch, "epoch")
         if epoch >= 2**63:
             raise ValueError(f"epoch must be below 2**63, got {epoch}")
         _accelerate.before_epoch(self, self._world_size)  # accelerate's loader calls set_epoch
+        self._signals.set_epoch(epoch)  # persistent DataLoader workers apply it at their iter()
+        self._set_epoch(epoch, stacklevel=3)
+
+    def _set_epoch(self, epoch: int, stacklevel: int) -> None:
         start = self._start_point()
         if self._loaded:
             if start.first_epoch == epoch and set(start.epochs) <= {epoch}:
@@ -311,7 +318,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
                     f"{epoch}. To continue from the loaded position, don't call set_epoch() "
                     "before iterating, or call it with the loaded state's epoch",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=stacklevel,
                 )
             self._loaded = False
         self._resume = start.restart(epoch)
@@ -368,6 +375,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             )
             self._two_phase = (self._resume, states, summaries)
             self._loaded = True
+            self._signals.moved()
             return
         found = _state.gather(state_dict)
         if not found:
@@ -380,6 +388,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             self.catalog, self._settings, found, allow_changed_shards, self._start_point()
         )
         self._loaded = True  # until an iterator starts from it, or set_epoch() moves on
+        self._signals.moved()
 
     def needed_slots(
         self, summaries: list[dict[str, Any]], num_workers: int | None = None
@@ -431,6 +440,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         _check_count(n, "n")
         if n == 0:
             return
+        self._signals.moved()
         if self._iter is not None and self._iter.started and not self._iter.ended:
             self._iter.skip(n)
             return
@@ -480,6 +490,9 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        epoch = self._signals.new_epoch()  # a persistent worker's next pass
+        if epoch is not None:
+            self._set_epoch(epoch, stacklevel=2)
         self._start_point()  # an earlier iterator's position becomes the start point
         conv: Any = (
             PackConverter(self._output)
@@ -493,6 +506,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
     def _open_stream(self) -> RawStream:
         """The core stream of the newest iterator, at its first ``next()`` (inside the
         DataLoader worker, with the trainer's loader already set up: see ``_layout``)."""
+        self._signals.check_moved("ParquetStream")
         raw = RawStream(self.catalog, self._settings, self._start_point(), self._layout())
         self._loaded = False
         return raw

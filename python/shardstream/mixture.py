@@ -28,6 +28,7 @@ from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawMixResume, RawMixStream, RawMixture
 from ._iterator import StreamIterator, make_iterator
+from ._signals import MainSignals
 from .convert import Converter, check_output
 from .dataset import ParquetStream
 from .errors import StateError
@@ -404,6 +405,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         self._iter: StreamIterator | None = None
         self._loaded = False
         self._warned: set[str] = set()  # sources warned of as barren in this process
+        self._signals = MainSignals()  # a load_state_dict() persistent workers cannot follow
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -514,6 +516,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         found = [s for _, s in located]
         self._resume = RawMixResume.load(self.raw, found, allow_changed_shards, strict)
         self._loaded = True
+        self._signals.moved()
 
     def source_stats(self) -> dict[str, dict[str, Any]]:
         """Per source, this process's view: ``items`` taken from it, its ``epoch`` and the
@@ -540,6 +543,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         return self._iter
 
     def _open_stream(self) -> RawMixStream:
+        self._signals.check_moved("Mixture")
         layout, start, loaded = self._layout(), self._start_point(), self._loaded
         raw = RawMixStream(self.raw, start, layout)
         self._loaded = False

@@ -388,3 +388,59 @@ def test_set_epoch_after_stateful_loader_state_dict(small):
     next(head), next(head)
     ds.load_state_dict(saved.state_dict())
     assert [tuple(b["id"]) for b in it] == expected[2:]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_persistent_workers_follow_set_epoch(small, ctx):
+    """``persistent_workers=True``: the workers keep their copies across epochs, so the
+    training loop's ``ds.set_epoch(e)`` must reach them (each epoch reshuffled exactly as
+    fresh workers read it; before, every epoch repeated epoch 0's order). A position given in
+    the main process after they started cannot reach them: a ``RuntimeError`` says so."""
+    settings = dict(columns=["id"], batch_size=16, shuffle_buffer=40, seed=3, output="python")
+
+    def epochs(persistent):
+        ds = make_ds(small.root, settings)
+        dl = DataLoader(
+            ds, batch_size=None, num_workers=2, persistent_workers=persistent,
+            multiprocessing_context=ctx,
+        )  # fmt: skip
+        out = []
+        for e in range(3):
+            ds.set_epoch(e)
+            out.append(loader_keys(dl))
+        return out, ds, dl
+
+    fresh, _, _ = epochs(False)
+    kept, ds, dl = epochs(True)
+    assert kept == fresh
+    assert fresh[0] != fresh[1] and fresh[1] != fresh[2]
+    for e in fresh:
+        assert sorted(flat_ids(e)) == sorted(small.ids)
+    ds.load_state_dict(ds.state_dict())
+    with pytest.raises(
+        RuntimeError, match=r"load_state_dict\(\) or skip\(\) was called in the main"
+    ):
+        list(dl)
+
+
+def test_copies_of_a_dataset_signal_their_own_workers(small):
+    """A copy (``copy.deepcopy``, ``pickle``) is a dataset of its own: its ``set_epoch`` reaches
+    its own persistent workers, and the original's calls do not reach the copy's."""
+    import copy
+
+    settings = dict(columns=["id"], batch_size=16, shuffle_buffer=40, seed=3, output="python")
+    ds = make_ds(small.root, settings)
+    twin = copy.deepcopy(ds)
+    dl = DataLoader(twin, batch_size=None, num_workers=2, persistent_workers=True)
+    twin.set_epoch(0)
+    first = loader_keys(dl)
+    ds.set_epoch(1)  # the original's: not the copy's workers'
+    assert loader_keys(dl) == first
+    twin.set_epoch(1)
+    ref = make_ds(small.root, settings)
+    ref.set_epoch(1)
+    second = loader_keys(dl)
+    assert second == loader_keys(DataLoader(ref, batch_size=None, num_workers=2))
+    assert second != first
+    assert sorted(flat_ids(second)) == sorted(flat_ids(first)) == sorted(small.ids)
