@@ -126,12 +126,18 @@ def state_summaries(state_dict: Any) -> list[dict[str, Any]]:
     resume) replaced by their number ``injected_rows``; a state without a slot (a rank that
     never iterated) stays one, standing for the slot missing from the others. Save them beside
     the states; a new rank reads every summary, then only the states
-    ``ParquetStream.needed_slots`` names.
+    ``ParquetStream.needed_slots`` names. A ``Mixture``'s state is summarized by its
+    ``format`` and ``slot`` only: a mixture resumes from every state (:func:`load_dcp_states`
+    reads them all).
     """
+    from ._core import MIXTURE_FORMAT
     from .state import gather
 
-    out = []
+    out: list[dict[str, Any]] = []
     for st in gather(state_dict):
+        if st.get("format") == MIXTURE_FORMAT:
+            out.append({"format": MIXTURE_FORMAT, "slot": st.get("slot")})
+            continue
         if st.get("slot") is None and st.get("position") is None:
             # A rank that never iterated: it stands for the slot missing from the others.
             out.append({"first_epoch": st["first_epoch"], "slot": None, "position": None})
@@ -192,7 +198,8 @@ def load_dcp_states(
     every state gives; with the same layout each rank reads only its own state.
 
     ``dataset`` is the new layout's ``ParquetStream``; ``num_workers``: the DataLoader workers
-    it will run in (their union is loaded; default: the stream of this process).
+    it will run in (their union is loaded; default: the stream of this process). A
+    ``Mixture`` (no two phases) reads every old rank's state and loads them all.
     ``checkpoint_id`` or ``storage_reader`` are passed to ``dcp.load``. Reads are local to
     this rank (``no_dist=True``): no collective call, so ranks need not call it together.
     Returns the old ranks whose states were read, sorted.
@@ -247,6 +254,14 @@ def load_dcp_states(
                 "the list of summaries dcp_entries() saves"
             )
     summaries = [s for sums in per_rank for s in sums]
+    if not hasattr(dataset, "needed_slots"):  # a Mixture: every state, one phase
+        missing = [r for r in order if r not in ranks["state"]]
+        if missing:
+            raise StateError(
+                f"{where} has summaries but no {prefix}/rank<N> state for old rank(s) {missing}"
+            )
+        dataset.load_state_dict(read([ranks["state"][r] for r in order]))
+        return order
     slots = set(dataset.needed_slots(summaries, num_workers))
     need = sorted(
         r for r, sums in zip(order, per_rank, strict=True) if any(_slot(s) in slots for s in sums)

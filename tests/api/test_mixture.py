@@ -495,6 +495,41 @@ def test_dcp_roundtrip_two_ranks_resume_on_three(data, tmp_path):
         assert sorted(i for s, i in seen if s == t) == sorted(data[n].ids), n
 
 
+def test_dcp_entries_and_load_dcp_states_of_a_mixture(data, tmp_path):
+    """``dcp_entries`` / ``state_summaries`` take a Mixture's state (they raised KeyError), and
+    ``load_dcp_states`` loads every old rank's state into a mixture (one phase): 2 ranks -> 3,
+    every row once per source-epoch; same layout, the continuation is the uninterrupted one."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from shardstream.checkpoint import dcp_entries, load_dcp_states, state_summaries
+
+    kw = dict(batch_size=5, even=None, on_exhausted="drop", max_epochs=1, samples=None)
+    seen, saved, rest = [], {}, []
+    for r in range(2):
+        ds = mix(data, rank=r, world_size=2, **kw)
+        it = iter(ds)
+        for _ in range(3):
+            seen.extend(flat([key(next(it), True)]))
+        st = ds.state_dict()
+        assert state_summaries(st) == [{"format": "shardstream.Mixture", "slot": st["slot"]}]
+        saved.update(dcp_entries(st, r))
+        rest.append(flat(keys(ds)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: single process"
+        dcp.save(saved, checkpoint_id=str(tmp_path / "dcp"))
+        for r in range(2):
+            ds = mix(data, rank=r, world_size=2, **kw)
+            assert load_dcp_states(ds, tmp_path / "dcp") == [0, 1]
+            assert flat(keys(ds)) == rest[r]
+        for r in range(3):
+            ds = mix(data, rank=r, world_size=3, **kw)
+            load_dcp_states(ds, tmp_path / "dcp")
+            seen.extend(flat(keys(ds)))
+    for t, n in enumerate(["code", "math", "web"]):
+        assert sorted(i for s, i in seen if s == t) == sorted(data[n].ids), n
+
+
 def test_states_of_another_mixture_are_refused(data):
     ds = mix(data, batch_size=7)
     next(iter(ds))
