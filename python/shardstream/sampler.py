@@ -146,6 +146,10 @@ class ResumableSampler:
         self._start: dict[str, Any] = self._raw.start(0)  # where the next iterator starts
         self._iter: _SamplerIterator | None = None  # the newest iterator
         self._loaded = False  # _start came from load_state_dict and no iterator started yet
+        # The epoch set_epoch() asked for, until an iterator starts: a state loaded after it at
+        # the end of an earlier epoch then leads to this epoch, not to that one again.
+        self._asked: int | None = None
+        self._loads = 0  # load_state_dict() calls: which iterators were made after the last
 
     # -- what it is ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -171,11 +175,19 @@ class ResumableSampler:
         """Where a new iterator starts: where the newest one stands once it has started, or
         the start of its epoch again if it has nothing left (ran to the end, or was made at
         the end: torchdata's loader makes a second iterator after loading a finished pass and
-        expects a new pass from it); else the start point."""
+        expects a new pass from it) — of the epoch ``set_epoch`` asked for instead, if a state
+        of an earlier epoch's end was loaded after it (torchdata loads the state inside
+        ``iter(loader)``, after the training loop's ``set_epoch``); else the start point."""
         it = self._iter
-        if it is not None and (it.started or len(self._raw.run(self._start)) == 0):
+        # (an iterator made before the last load and not started follows the loaded position,
+        # even an epoch's end: the next iterator then yields nothing, as that epoch is done)
+        made_at_end = it is not None and it.made == self._loads
+        if it is not None and (it.started or made_at_end and not len(self._raw.run(self._start))):
             self._start, self._iter = it.resume_point(), None
             self._loaded = False
+            asked = self._asked
+            if asked is not None and asked > self._start["epoch"] and self._start["position"] == 0:
+                self._start = self._raw.start(asked, self._start)
         return self._start
 
     def _position(self) -> dict[str, Any]:
@@ -213,6 +225,7 @@ class ResumableSampler:
                     stacklevel=2,
                 )
         self._start = self._raw.start(epoch, start)
+        self._asked = epoch
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
@@ -260,6 +273,7 @@ class ResumableSampler:
         loaded = self._raw.load(found)
         self._start_point()  # a started iterator goes stale
         self._start, self._loaded = loaded, True
+        self._loads += 1
 
     def skip(self, n: int) -> None:
         """Pass over this rank's next ``n`` indices without yielding them (every rank should
@@ -277,7 +291,12 @@ class ResumableSampler:
 
     # -- pickling -----------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"args": self._args, "state": self.state_dict(), "loaded": self._loaded}
+        return {
+            "args": self._args,
+            "state": self.state_dict(),
+            "loaded": self._loaded,
+            "asked": self._asked,
+        }
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self._args = d["args"]
@@ -285,6 +304,8 @@ class ResumableSampler:
         self._start = self._raw.load([d["state"]])
         self._iter = None
         self._loaded = d["loaded"]
+        self._asked = d.get("asked")
+        self._loads = 0
 
     def __repr__(self) -> str:
         a = self._args
@@ -298,10 +319,11 @@ class _SamplerIterator:
     """One pass of a ``ResumableSampler``: this rank's indices of one epoch, from the sampler's
     start point (taken at the first ``next()``)."""
 
-    __slots__ = ("_buf", "_k", "_owner", "_pos", "_run")
+    __slots__ = ("_buf", "_k", "_owner", "_pos", "_run", "made")
 
     def __init__(self, owner: ResumableSampler) -> None:
         self._owner = owner
+        self.made = owner._loads  # the owner's loads before it was made
         self._run: RawRun | None = None
         self._k = 0  # indices yielded (or skipped) since the run's start
         self._buf: list[int] = []  # indices computed ahead; _buf[_pos:] not yielded yet
@@ -333,6 +355,8 @@ class _SamplerIterator:
         if self._run is None:
             self._run = self._owner._raw.run(self._owner._start)
             self._owner._loaded = False
+            if len(self._run):  # (one made at a loaded epoch's end yields nothing: keep it)
+                self._owner._asked = None
         self._buf, self._pos = self._run.indices(self._k, _CHUNK), 0
         if not self._buf:
             raise StopIteration

@@ -49,10 +49,45 @@ def test_stateful_loader_resumes_exactly(small, workers, block_size):
         dl2 = loader(ds, make(), workers)
         dl2.load_state_dict(state)
         rest = ids_of(dl2)
-        if k == n_batches:  # a finished pass: the loader makes a new one, of the same epoch
-            assert rest == full
-        else:
-            assert head + rest == full, f"k={k}"
+        assert head + rest == full, f"k={k}"
+        if k == n_batches:  # saved after the last batch: nothing was left of the pass; the
+            assert ids_of(dl2) == full  # next pass is the same epoch again (no set_epoch)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_epoch_loop_resumes_exactly_at_an_epoch_end(small, workers):
+    """The guide's loop (``sampler.set_epoch(e)``, then the loader), resumed from a state saved
+    at an epoch's end: (A) after its last batch, before the loop saw StopIteration (resumed at
+    that epoch: nothing more of it, then the next epoch in full); (B) after the loop ended
+    (resumed at the next epoch: that epoch in full). torchdata loads the sampler's state inside
+    ``iter(loader)``, after ``set_epoch``: (A) replayed the whole epoch, (B) read the finished
+    epoch again (with workers, part of it)."""
+    ds = ParquetRows(small.root, columns=["id"], output="python")
+
+    def run(state, first, last):
+        s = ResumableSampler(ds, seed=5)
+        dl = loader(ds, s, workers, batch=50)
+        if state is not None:
+            dl.load_state_dict(state)
+        out = []
+        for e in range(first, last):
+            s.set_epoch(e)
+            out.append(ids_of(dl))
+        return out, s, dl
+
+    ref, _, _ = run(None, 0, 3)
+    n = -(-len(small.ids) // 50)
+    s = ResumableSampler(ds, seed=5)
+    dl = loader(ds, s, workers, batch=50)
+    s.set_epoch(0)
+    it = iter(dl)
+    head = ids_of(next(it) for _ in range(n))
+    assert head == ref[0]
+    at_last = torch_roundtrip(dl.state_dict())
+    assert list(it) == []
+    ended = torch_roundtrip(dl.state_dict())
+    assert run(at_last, 0, 3)[0] == [[], ref[1], ref[2]]
+    assert run(ended, 1, 3)[0] == [ref[1], ref[2]]
 
 
 def test_stateful_loader_state_resumes_on_other_ranks(small):
