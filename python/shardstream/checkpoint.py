@@ -126,9 +126,9 @@ def state_summaries(state_dict: Any) -> list[dict[str, Any]]:
     resume) replaced by their number ``injected_rows``; a state without a slot (a rank that
     never iterated) stays one, standing for the slot missing from the others. Save them beside
     the states; a new rank reads every summary, then only the states
-    ``ParquetStream.needed_slots`` names. A ``Mixture``'s state is summarized by its
-    ``format`` and ``slot`` only: a mixture resumes from every state (:func:`load_dcp_states`
-    reads them all).
+    ``ParquetStream.needed_slots`` names. A ``Mixture``'s state is summarized as
+    ``{"mixture": True, "slot": ...}`` only (not a state: no ``format``): a mixture resumes
+    from every state (:func:`load_dcp_states` reads them all).
     """
     from ._core import MIXTURE_FORMAT
     from .state import gather
@@ -136,7 +136,7 @@ def state_summaries(state_dict: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for st in gather(state_dict):
         if st.get("format") == MIXTURE_FORMAT:
-            out.append({"format": MIXTURE_FORMAT, "slot": st.get("slot")})
+            out.append({"mixture": True, "slot": st.get("slot")})
             continue
         if st.get("slot") is None and st.get("position") is None:
             # A rank that never iterated: it stands for the slot missing from the others.

@@ -495,7 +495,7 @@ def test_dcp_roundtrip_two_ranks_resume_on_three(data, tmp_path):
         assert sorted(i for s, i in seen if s == t) == sorted(data[n].ids), n
 
 
-def test_dcp_entries_and_load_dcp_states_of_a_mixture(data, tmp_path):
+def test_dcp_entries_and_load_dcp_states_of_a_mixture(data, tmp_path, capsys):
     """``dcp_entries`` / ``state_summaries`` take a Mixture's state (they raised KeyError), and
     ``load_dcp_states`` loads every old rank's state into a mixture (one phase): 2 ranks -> 3,
     every row once per source-epoch; same layout, the continuation is the uninterrupted one."""
@@ -512,7 +512,7 @@ def test_dcp_entries_and_load_dcp_states_of_a_mixture(data, tmp_path):
         for _ in range(3):
             seen.extend(flat([key(next(it), True)]))
         st = ds.state_dict()
-        assert state_summaries(st) == [{"format": "shardstream.Mixture", "slot": st["slot"]}]
+        assert state_summaries(st) == [{"mixture": True, "slot": st["slot"]}]
         saved.update(dcp_entries(st, r))
         rest.append(flat(keys(ds)))
     with warnings.catch_warnings():
@@ -526,6 +526,12 @@ def test_dcp_entries_and_load_dcp_states_of_a_mixture(data, tmp_path):
             ds = mix(data, rank=r, world_size=3, **kw)
             load_dcp_states(ds, tmp_path / "dcp")
             seen.extend(flat(keys(ds)))
+    # the CLI finds the two states, not the summaries beside them
+    from shardstream import cli
+
+    assert cli.main(["state", str(tmp_path / "dcp"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["states"]
+    assert [st["format"] for st in shown] == ["shardstream.Mixture"] * 2
     for t, n in enumerate(["code", "math", "web"]):
         assert sorted(i for s, i in seen if s == t) == sorted(data[n].ids), n
 
