@@ -702,3 +702,21 @@ print(b["input_ids"].shape, int((b["segment_ids"] > 0).sum()))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["(1,", f"{2**24})", str(sum(lengths))], out.stdout
+
+
+def test_cli_state_checks_a_packed_state_against_its_source(docs, tmp_path, capsys):
+    """``shardstream state FILE --source DIR`` rebuilds the stream from the state's settings:
+    the saved ``pack`` arguments become a ``Pack`` (it said MISMATCH, "pack must be a
+    shardstream.Pack", for every packed state)."""
+    from shardstream import cli
+
+    root, _ = docs
+    pack = Pack(seq_len=64, algorithm="best_fit", buffer_docs=8)
+    items, st = run(root, pack, n=3)
+    path = tmp_path / "st.json"
+    path.write_text(json.dumps(st))
+    assert cli.main(["state", str(path), "--source", root]) == 0
+    assert "matches" in capsys.readouterr().out
+    other = write_docs(str(tmp_path / "other"), [5, 7, 9] * 20)
+    assert cli.main(["state", str(path), "--source", other]) == 1
+    assert "DOES NOT MATCH" in capsys.readouterr().out

@@ -336,7 +336,7 @@ def check_states(
     Raises:
         FileNotFoundError, ShardError, SchemaError: ``source`` itself is unusable.
     """
-    from .. import ParquetStream
+    from .. import Pack, ParquetStream
 
     streams: dict[str, Any] = {}
 
@@ -346,6 +346,8 @@ def check_states(
         key = repr(sorted(kwargs.items()))
         if key not in streams:
             try:
+                if isinstance(kwargs.get("pack"), dict):  # the Pack's arguments, as saved
+                    kwargs["pack"] = Pack(**kwargs["pack"])
                 streams[key] = ParquetStream(list(source), output="python", **kwargs)
             except (TypeError, ValueError) as e:
                 if isinstance(e, StateError):
