@@ -447,6 +447,45 @@ def test_state_dcp_directory(tmp_path, pi_data):
     assert out["states"][0]["emitted"] == 40 and out["all_match"] is True
 
 
+class _Evil:
+    """Pickled, it runs a shell command when unpickled by plain pickle."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_state_dcp_directory_runs_no_code_from_it(tmp_path, pi_data):
+    """torch's DCP reader unpickles ``.metadata`` and non-tensor entries with plain pickle:
+    ``shardstream state`` reads them without running code, and a damaged or hostile DCP
+    directory is one line on stderr, exit 2 (a junk .metadata gave four tracebacks and exit
+    1; a pickle in it ran)."""
+    import pickle
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    marker = str(tmp_path / "ran")
+    evil_meta = tmp_path / "evil_meta"
+    evil_meta.mkdir()
+    (evil_meta / ".metadata").write_bytes(pickle.dumps(_Evil(marker)))
+    assert_clean_error(run_cli("state", str(evil_meta)), 2, "refusing to load")
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / ".metadata").write_bytes(b"\x80\x04junk that is not a pickle")
+    assert_clean_error(run_cli("state", str(junk)), 2, "not readable DCP metadata")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: single process"
+        dcp.save(
+            {"shardstream/rank0": (_state_after(pi_data, 4),), "extra": (_Evil(marker),)},
+            checkpoint_id=str(tmp_path / "evil_entry"),
+        )
+    assert_clean_error(run_cli("state", str(tmp_path / "evil_entry")), 2, "cannot read the DCP")
+    assert not os.path.exists(marker)
+
+
 def test_state_bad_input(tmp_path, capsys):
     missing = str(tmp_path / "nope.pt")
     assert_clean_error(run_cli("state", missing), 2, "shardstream state: error:", missing)

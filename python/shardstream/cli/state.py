@@ -23,8 +23,10 @@ check (exit status 1).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import pickle
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -100,22 +102,103 @@ def _load_pickled(path: str, *, zipped: bool, mmap: bool = True) -> tuple[Any, s
 
 
 def _load_dcp(path: str) -> Any:
-    """A DCP checkpoint directory as one nested dict (no process group needed)."""
-    import tempfile
-
+    """A DCP checkpoint directory as one nested dict (no process group needed), read without
+    running code from it: torch's own reader unpickles ``.metadata`` and every non-tensor
+    entry with plain ``pickle``; here the metadata is read by :class:`_DcpMetadataUnpickler`
+    (DCP's metadata classes only) and entries with ``torch.load(weights_only=True)``."""
     try:
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        import torch
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
     except ImportError:
         raise CliError(f"{path}: a DCP checkpoint; reading it needs torch installed") from None
-    with tempfile.TemporaryDirectory(prefix="shardstream-dcp-") as tmp:
-        out = os.path.join(tmp, "ckpt.pt")
-        try:
-            with warnings.catch_warnings():  # "no process group: single process" notes
-                warnings.simplefilter("ignore")
-                dcp_to_torch_save(path, out)
-        except Exception as e:
-            raise CliError(f"{path}: cannot read the DCP checkpoint: {e}") from None
-        return _load_pickled(out, zipped=True, mmap=False)[0]  # the file goes with tmp
+
+    class Reader(FileSystemReader):  # type: ignore[misc]
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            meta_path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(meta_path, "rb") as f:
+                metadata = _DcpMetadataUnpickler(f).load()
+            if not hasattr(metadata, "state_dict_metadata"):
+                raise CliError(f"{path}: its .metadata is not DCP metadata")
+            if getattr(metadata, "storage_meta", None) is None:
+                from torch.distributed.checkpoint.metadata import StorageMeta
+
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class Planner(_EmptyStateDictLoadPlanner):  # type: ignore[misc]
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            # torch's loads the entry with weights_only=False: load it safely first, and hand
+            # torch's placement the re-saved safe object
+            obj = torch.load(value, weights_only=True)
+            safe = io.BytesIO()
+            torch.save(obj, safe)
+            safe.seek(0)
+            super().load_bytes(read_item, safe)
+
+    # The metadata first, here: torch's loader would log a traceback for each failure.
+    try:
+        with open(os.path.join(path, ".metadata"), "rb") as f:
+            if not hasattr(_DcpMetadataUnpickler(f).load(), "state_dict_metadata"):
+                raise CliError(f"{path}: its .metadata is not DCP metadata")
+    except (CliError, _pickle.RefusedPickleError) as e:
+        raise CliError(f"{path}: {e}" if not isinstance(e, CliError) else str(e)) from None
+    except Exception as e:
+        raise CliError(f"{path}: its .metadata is not readable DCP metadata: {_first(e)}") from None
+    sd: dict[str, Any] = {}
+    try:
+        with warnings.catch_warnings():  # "no process group: single process" notes
+            warnings.simplefilter("ignore")
+            _load_state_dict(sd, storage_reader=Reader(path), planner=Planner(), no_dist=True)
+    except CliError:
+        raise
+    except _pickle.RefusedPickleError as e:
+        raise CliError(f"{path}: {e}") from None
+    except BaseException as e:  # DCP's CheckpointException is not an Exception
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        # its failures: {rank: (exception, traceback)}; name the first one's exception
+        failures = list(getattr(e, "failures", {}).values())
+        cause = failures[0][0] if failures and isinstance(failures[0], tuple) else e
+        raise CliError(f"{path}: cannot read the DCP checkpoint: {_first(cause)}") from None
+    return sd
+
+
+def _first(e: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters)."""
+    text = str(e).strip().splitlines()
+    return (f"{type(e).__name__}: {text[0]}" if text else type(e).__name__)[:300]
+
+
+class _DcpMetadataUnpickler(pickle.Unpickler):
+    """DCP's ``.metadata``: its dataclasses, ``torch.Size``, dtypes and layouts, paths; any
+    other class or function is refused (a pickle can name ``os.system``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        obj = None
+        if module.startswith("torch.distributed.checkpoint.") or (module, name) in (
+            ("torch", "Size"),
+            ("pathlib", "PosixPath"),
+            ("pathlib", "PurePosixPath"),
+            ("collections", "OrderedDict"),
+        ):
+            obj = super().find_class(module, name)
+            if not isinstance(obj, type):
+                obj = None
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            obj = getattr(torch, name)
+        elif (module, name) == ("torch.serialization", "_get_layout"):
+            obj = super().find_class(module, name)
+        if obj is None:
+            raise _pickle.RefusedPickleError(
+                f"refusing to load {module}.{name} from the DCP metadata: only DCP's own "
+                "metadata classes are read"
+            )
+        return obj
 
 
 # --------------------------------------------------------------------------- describe
