@@ -486,6 +486,33 @@ def test_state_dcp_directory_runs_no_code_from_it(tmp_path, pi_data):
     assert not os.path.exists(marker)
 
 
+def test_state_shows_a_map_style_samplers_state(tmp_path, capsys, pi_data):
+    """A ``ResumableSampler`` state (alone, or beside a stream's in one checkpoint) is shown,
+    checked as its sampler loads it (it was refused as a malformed state, exit 2); with
+    ``--source`` it is bad input naming what checks it; a broken one is malformed."""
+    from shardstream import ResumableSampler
+
+    s = ResumableSampler(700, seed=1)
+    it = iter(s)
+    for _ in range(10):
+        next(it)
+    f = tmp_path / "ck.json"
+    f.write_text(json.dumps({"sampler": s.state_dict(), "stream": _state_after(pi_data, 4)}))
+    rc, out, err = main_rc(capsys, "state", str(f))
+    assert rc == 0, err
+    assert "2 shardstream state(s)" in out and "epoch 0, 10 of 700 positions (1.4%)" in out
+    rc, out, _ = main_rc(capsys, "state", str(f), "--json")
+    sampler = json.loads(out)["states"][0]
+    assert (sampler["format"], sampler["position"], sampler["rows"]) == (
+        "shardstream.Sampler", 10, 700,
+    )  # fmt: skip
+    rc, _, err = main_rc(capsys, "state", str(f), "--source", pi_data)
+    assert rc == 2 and "map-style sampler's state" in err
+    f.write_text(json.dumps(dict(s.state_dict(), position=701)))
+    rc, _, err = main_rc(capsys, "state", str(f))
+    assert rc == 2 and "is malformed" in err and "position" in err, err
+
+
 def test_state_bad_input(tmp_path, capsys):
     missing = str(tmp_path / "nope.pt")
     assert_clean_error(run_cli("state", missing), 2, "shardstream state: error:", missing)

@@ -239,6 +239,8 @@ def describe_state(st: dict[str, Any]) -> dict[str, Any]:
     state: they left at a resize, and adding one back needs every slot's state) and
     ``problems``.
 
+    A map-style sampler's state (``shardstream.Sampler``): see :func:`_describe_sampler`.
+
     Keys of a stream's state: ``format``, ``version``, ``epoch``, ``first_epoch``, ``epochs``,
     ``emitted`` (rows this slot yielded in the epoch), ``cursor``, ``slot``
     (``index``/``count``/``even``),
@@ -246,6 +248,8 @@ def describe_state(st: dict[str, Any]) -> dict[str, Any]:
     ``percent`` (of that), ``buffer_rows``, ``skips`` (records), ``skipped_rows``,
     ``settings``, ``fingerprint``, ``seek``, ``elastic_specs``, ``started``, ``problems``.
     """
+    if isinstance(st, dict) and st.get("format") == _core.SAMPLER_FORMAT:
+        return _describe_sampler(st)
     try:
         (parsed,) = _core.parse_states([st])
     except StateError as e:
@@ -255,6 +259,53 @@ def describe_state(st: dict[str, Any]) -> dict[str, Any]:
     if parsed["format"] == _core.MIXTURE_FORMAT:
         return _describe_mixture(parsed)
     return _describe_stream(parsed)
+
+
+def _describe_sampler(st: dict[str, Any]) -> dict[str, Any]:
+    """A map-style sampler's state (``shardstream.Sampler``), checked as its sampler's load
+    checks it: ``format``, ``version``, ``epoch``, ``position`` (global, of ``rows``),
+    ``percent``, ``skips``, ``skipped_rows``, ``settings``, ``problems``."""
+    settings = st.get("settings")
+    try:
+        if not isinstance(settings, dict):
+            raise StateError("state['settings'] must be a dict")
+        args = {k: settings.get(k) for k in ("rows", "seed", "shuffle", "block_size", "window")}
+        if args["window"] is None:  # a global shuffle's state: the sampler's default window
+            args["window"] = _core.DEFAULTS["window"]
+        raw = _core.RawSampler(
+            **args,
+            rank=0,
+            world_size=1,
+            even=None,
+        )
+        raw.load([st])
+    except (StateError, TypeError, ValueError) as e:
+        msg = str(e)
+        msg = msg if len(msg) <= 300 else f"{msg[:150]}...{msg[-150:]}"
+        return {**dict.fromkeys(_FIELDS), "problems": [msg]}
+    rows, pos = int(settings["rows"]), int(st["position"])
+    return {
+        "format": st["format"],
+        "version": st["version"],
+        "epoch": st["epoch"],
+        "position": pos,
+        "rows": rows,
+        "percent": 100.0 * pos / rows if rows else None,
+        "skips": st["skips"],
+        "skipped_rows": sum(int(r["stop"]) - int(r["start"]) for r in st["skips"]),
+        "settings": settings,
+        "problems": [],
+    }
+
+
+def _sampler_lines(d: dict[str, Any]) -> list[tuple[str, str]]:
+    pct = "" if d["percent"] is None else f" ({d['percent']:.1f}%)"
+    return [
+        ("format", f"{d['format']} version {d['version']} (a map-style ResumableSampler)"),
+        ("position", f"epoch {d['epoch']}, {d['position']:,} of {d['rows']:,} positions{pct}"),
+        ("skips", f"{len(d['skips'])} record(s), {d['skipped_rows']:,} positions"),
+        ("settings", " ".join(f"{k}={v!r}" for k, v in d["settings"].items())),
+    ]
 
 
 def _describe_stream(parsed: dict[str, Any]) -> dict[str, Any]:
@@ -525,8 +576,12 @@ def _state_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
 
 def _print_state(where: str, i: int, n: int, d: dict[str, Any], error: Any) -> None:
     print(f"state {i + 1} of {n}" + (f" at {where}" if where else ""))
-    mixture = d["format"] == _core.MIXTURE_FORMAT
-    lines = _mixture_lines(d, error) if mixture else _state_lines(d, error)
+    if d["format"] == _core.SAMPLER_FORMAT:
+        lines = _sampler_lines(d)
+    elif d["format"] == _core.MIXTURE_FORMAT:
+        lines = _mixture_lines(d, error)
+    else:
+        lines = _state_lines(d, error)
     w = max(len(k) for k, _ in lines)
     for k, v in lines:
         print(f"  {k.ljust(w)}  {v}")
@@ -541,7 +596,8 @@ def run(args: argparse.Namespace) -> int:
     if not found:
         raise CliError(
             f"{args.file}: no shardstream state in this {kind} file (looked for dicts with "
-            "'format': 'shardstream.ParquetStream' or 'shardstream.Mixture' at any depth)"
+            "'format': 'shardstream.ParquetStream', 'shardstream.Mixture' or "
+            "'shardstream.Sampler' at any depth)"
         )
     states = [s for _, s in found]
     described = [describe_state(s) for s in states]
@@ -557,6 +613,13 @@ def run(args: argparse.Namespace) -> int:
     errors: list[Any] = [_UNCHECKED] * len(states)
     together: str | None = None
     mixtures = [i + 1 for i, s in enumerate(states) if s.get("format") == _core.MIXTURE_FORMAT]
+    samplers = [i + 1 for i, s in enumerate(states) if s.get("format") == _core.SAMPLER_FORMAT]
+    if args.source and samplers:
+        raise CliError(
+            f"{args.file}: state {samplers[0]} of {len(states)} is a map-style sampler's state: "
+            "--source checks ParquetStream states against one data set; a sampler's state is "
+            "checked by ResumableSampler.load_state_dict; run without --source to show it"
+        )
     if args.source and mixtures:
         # Not a mismatch (exit 1): nothing would be checked. A Mixture state names several
         # sources, each with its own data; its Mixture checks it on load.
