@@ -114,29 +114,32 @@ def _load_dcp(path: str) -> Any:
     except ImportError:
         raise CliError(f"{path}: a DCP checkpoint; reading it needs torch installed") from None
 
-    class Reader(FileSystemReader):  # type: ignore[misc]
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            meta_path = self._get_metadata_path(kwargs.get("rank"))
-            with self.fs.create_stream(meta_path, "rb") as f:
-                metadata = _DcpMetadataUnpickler(f).load()
-            if not hasattr(metadata, "state_dict_metadata"):
-                raise CliError(f"{path}: its .metadata is not DCP metadata")
-            if getattr(metadata, "storage_meta", None) is None:
-                from torch.distributed.checkpoint.metadata import StorageMeta
+    # Subclasses made here (torch is optional): the reader's metadata and the planner's entries
+    # read safely, everything else as torch does it.
+    def read_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+        meta_path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(meta_path, "rb") as f:
+            metadata = _DcpMetadataUnpickler(f).load()
+        if not hasattr(metadata, "state_dict_metadata"):
+            raise CliError(f"{path}: its .metadata is not DCP metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
 
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
-    class Planner(_EmptyStateDictLoadPlanner):  # type: ignore[misc]
-        def load_bytes(self, read_item: Any, value: Any) -> None:
-            # torch's loads the entry with weights_only=False: load it safely first, and hand
-            # torch's placement the re-saved safe object
-            obj = torch.load(value, weights_only=True)
-            safe = io.BytesIO()
-            torch.save(obj, safe)
-            safe.seek(0)
-            super().load_bytes(read_item, safe)
+    def load_bytes(self: Any, read_item: Any, value: Any) -> None:
+        # torch's loads the entry with weights_only=False: load it safely first, and hand
+        # torch's placement the re-saved safe object
+        obj = torch.load(value, weights_only=True)
+        safe = io.BytesIO()
+        torch.save(obj, safe)
+        safe.seek(0)
+        _EmptyStateDictLoadPlanner.load_bytes(self, read_item, safe)
+
+    reader_cls = type("SafeReader", (FileSystemReader,), {"read_metadata": read_metadata})
+    planner_cls = type("SafePlanner", (_EmptyStateDictLoadPlanner,), {"load_bytes": load_bytes})
 
     # The metadata first, here: torch's loader would log a traceback for each failure.
     try:
@@ -151,7 +154,8 @@ def _load_dcp(path: str) -> Any:
     try:
         with warnings.catch_warnings():  # "no process group: single process" notes
             warnings.simplefilter("ignore")
-            _load_state_dict(sd, storage_reader=Reader(path), planner=Planner(), no_dist=True)
+            reader, planner = reader_cls(path), planner_cls()
+            _load_state_dict(sd, storage_reader=reader, planner=planner, no_dist=True)
     except CliError:
         raise
     except _pickle.RefusedPickleError as e:
