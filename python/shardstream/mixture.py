@@ -11,7 +11,7 @@ Design decisions (the why; the what is in docs/guide.md "Mixtures" and docs/stat
   rank and elastic handling per source are a single stream's, and a source's state inside the
   mixture's state is that source's ``ParquetStream`` state, unchanged.
 * Sources may have different columns. A mixed batch holds the columns every source has plus a
-  source tag column (``source_column``, int16: index into :attr:`Mixture.source_names`); with
+  source tag column (``source_column``, int32: index into :attr:`Mixture.source_names`); with
   ``combine="by_source"`` a batch is a dict of each source's own rows (its own columns); a row
   (``batch_size=None``) is its source's row (its own columns) plus the tag.
 """
@@ -118,7 +118,7 @@ class _MixConverter:
         self.tag = mix._source_column
         self.output = out
         if self.tag is not None:
-            self.tag_conv = Converter(out, pa.schema([pa.field(self.tag, pa.int16())]), fmt)
+            self.tag_conv = Converter(out, pa.schema([pa.field(self.tag, pa.int32())]), fmt)
 
     def batch(self, item: Any) -> Any:
         if isinstance(item, pa.RecordBatch):
@@ -135,7 +135,7 @@ class _MixConverter:
         ]
         if self.tag is None:
             return (next(rows[t]) for t in tags)  # type: ignore[index]
-        tag_rows = self.tag_conv.rows(pa.record_batch([pa.array(tags, pa.int16())], [self.tag]))
+        tag_rows = self.tag_conv.rows(pa.record_batch([pa.array(tags, pa.int32())], [self.tag]))
         if self.output == "arrow":
             return (
                 next(rows[t]).append_column(tr.schema.field(0), tr.column(0))  # type: ignore[index]
@@ -199,12 +199,12 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         combine: batch layout: ``"mixed"`` (one batch in mixing order: the columns every source
             has, plus the tag column) or ``"by_source"`` (``{name: that source's rows of the
             batch}``, each with its own columns; sources without rows in it are left out).
-        source_column: name of the tag column (int16 index into :attr:`source_names`), or
+        source_column: name of the tag column (int32 index into :attr:`source_names`), or
             ``None`` for none.
         pack: a :class:`shardstream.Pack`: pack the mixture's documents *after mixing* (the
             weights are proportions of documents; ``samples`` counts documents). Items are then
             ``batch_size`` packed rows (one in row mode) as with ``ParquetStream(pack=...)``,
-            plus ``source_ids`` (int16 ``[batch, seq_len]``: each token's source as an index
+            plus ``source_ids`` (int32 ``[batch, seq_len]``: each token's source as an index
             into :attr:`source_names`, ``-1`` on padding). The packer's pending documents are
             in the state as (source, row id, token range). Every source needs the token column;
             ``combine`` must be ``"mixed"``; sources must not pack themselves then.

@@ -574,7 +574,7 @@ def test_columns_mixed_by_source_and_rows(data):
         "source",
     ]  # shared columns in the first source's order
     b = next(iter(m))
-    assert set(b) == {"tokens", "id", "source"} and b["source"].dtype == torch.int16
+    assert set(b) == {"tokens", "id", "source"} and b["source"].dtype == torch.int32
     m = Mixture(
         src,
         weights={"web": 1, "code": 1},

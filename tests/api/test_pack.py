@@ -599,8 +599,8 @@ def test_even_batches_padding_is_a_packed_batch_without_tokens(docs):
         for output in ("numpy", "torch"):
             b = next(iter(stream(root, ALGOS[1], output=output, **kw)))
             n = b["input_ids"].shape[0] if kw["batch_size"] else 1
-            seg = b["segment_ids"]  # as a Mixture's source_ids (int16)
-            b["source_ids"] = seg.astype(np.int16) if output == "numpy" else seg.short()
+            seg = b["segment_ids"]  # as a Mixture's source_ids (int32, a copy)
+            b["source_ids"] = seg.astype(np.int32) if output == "numpy" else seg.int().clone()
             pad = _padding(_like(b), pad_id=5)
             assert sorted(pad) == sorted(b)
             for k, v in pad.items():

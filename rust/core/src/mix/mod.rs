@@ -136,7 +136,7 @@ pub struct MixConfig {
     pub source_pack: Option<PackSettings>,
 }
 
-/// Most sources a mixture takes (tags are int16).
+/// Most sources a mixture takes (source indices are u16 in the mixer; -1 marks padding).
 pub const MAX_SOURCES: usize = i16::MAX as usize;
 
 /// Largest stratified block (items). A block's counts are decided and its served order laid out
@@ -514,7 +514,9 @@ fn mixed_schema(
         }
     }
     if let Some(t) = tag {
-        fields.push(Field::new(t, DataType::Int16, false));
+        // int32, not int16: NCCL and gloo have no int16, and accelerate's dispatch (or a
+        // per-source loss's all_gather) sends every tensor of a batch between processes.
+        fields.push(Field::new(t, DataType::Int32, false));
     }
     Ok((Arc::new(Schema::new(fields)), common))
 }

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int16Array, RecordBatch};
+use arrow_array::{ArrayRef, Int32Array, RecordBatch};
 use arrow_select::concat::concat_batches;
 use arrow_select::interleave::interleave_record_batch;
 
@@ -357,8 +357,8 @@ impl MixStream {
                 .to_vec()
         };
         if self.cfg.tag_column.is_some() {
-            let tags: Vec<i16> = self.choices.iter().map(|&s| s as i16).collect();
-            columns.push(Arc::new(Int16Array::from(tags)));
+            let tags: Vec<i32> = self.choices.iter().map(|&s| i32::from(s)).collect();
+            columns.push(Arc::new(Int32Array::from(tags)));
         }
         RecordBatch::try_new(self.cfg.schema.clone(), columns).map_err(internal)
     }

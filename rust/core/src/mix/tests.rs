@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{Array, Int16Array, Int64Array};
+use arrow_array::{Array, Int32Array, Int64Array};
 use proptest::prelude::*;
 
 use super::rule::Mixing;
@@ -155,7 +155,7 @@ fn rows_of(cfg: &MixConfig, item: &MixItem) -> Vec<(String, i64)> {
                 .column_by_name("source")
                 .unwrap()
                 .as_any()
-                .downcast_ref::<Int16Array>()
+                .downcast_ref::<Int32Array>()
                 .unwrap();
             let ids = b
                 .column_by_name("id")
@@ -790,7 +790,7 @@ fn shuffled_mixed_batches_take_each_row_from_its_source() {
                 .column_by_name("source")
                 .unwrap()
                 .as_any()
-                .downcast_ref::<Int16Array>()
+                .downcast_ref::<Int32Array>()
                 .unwrap();
             alone |= b.num_rows() == batch as usize && (0..b.num_rows()).all(|r| tag.value(r) == 2);
             for r in 0..b.num_rows() {

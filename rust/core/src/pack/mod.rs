@@ -23,8 +23,8 @@ use arrow_array::types::{
     Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use arrow_array::{
-    Array, FixedSizeListArray, GenericListArray, Int16Array, Int32Array, Int64Array,
-    OffsetSizeTrait, RecordBatch,
+    Array, FixedSizeListArray, GenericListArray, Int32Array, Int64Array, OffsetSizeTrait,
+    RecordBatch,
 };
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -137,8 +137,9 @@ impl PackSettings {
         ]))
     }
 
-    /// The packed rows' schema after a mixture: also `source_ids` (int16: each token's source
-    /// index in the mixture's name order, -1 on padding).
+    /// The packed rows' schema after a mixture: also `source_ids` (int32: each token's source
+    /// index in the mixture's name order, -1 on padding). int32, not a narrower type, because
+    /// NCCL and gloo have no int16: accelerate's dispatch broadcasts every tensor of a batch.
     pub fn schema_with_sources(&self) -> SchemaRef {
         let mut fields: Vec<Field> = self
             .schema()
@@ -149,7 +150,7 @@ impl PackSettings {
         fields.push(Field::new(
             SOURCE_IDS,
             DataType::FixedSizeList(
-                Arc::new(Field::new("item", DataType::Int16, false)),
+                Arc::new(Field::new("item", DataType::Int32, false)),
                 self.len_i32(),
             ),
             false,
@@ -192,7 +193,7 @@ struct Rows {
     pos: Vec<i64>,
     seg: Vec<i32>,
     /// Each token's source (-1 on padding), when packing after a mixture.
-    src: Option<Vec<i16>>,
+    src: Option<Vec<i32>>,
     /// Tokens in the current row, segments in it.
     fill: usize,
     segs: i32,
@@ -201,7 +202,7 @@ struct Rows {
 impl Rows {
     fn push_segment(&mut self, toks: &[i64], source: u16) {
         if let Some(src) = &mut self.src {
-            src.extend(std::iter::repeat_n(source as i16, toks.len()));
+            src.extend(std::iter::repeat_n(i32::from(source), toks.len()));
         }
         self.segs += 1;
         self.ids.extend_from_slice(toks);
@@ -630,10 +631,6 @@ impl Packer {
                     Arc::new(Field::new("item", DataType::Int32, false)),
                     Arc::new(Int32Array::from(v)),
                 ),
-                ArrayRefOf::I16(v) => (
-                    Arc::new(Field::new("item", DataType::Int16, false)),
-                    Arc::new(Int16Array::from(v)),
-                ),
             };
             FixedSizeListArray::try_new(field, self.cfg.len_i32(), values, None)
                 .map(|a| Arc::new(a) as Arc<dyn Array>)
@@ -647,7 +644,7 @@ impl Packer {
         ];
         let schema = match rows.src.take() {
             Some(src) => {
-                cols.push(list(ArrayRefOf::I16(src))?);
+                cols.push(list(ArrayRefOf::I32(src))?);
                 self.cfg.schema_with_sources()
             }
             None => self.cfg.schema(),
@@ -730,7 +727,6 @@ fn single(pending: Option<Vec<DocRef>>) -> Option<Vec<(u16, DocRef)>> {
 enum ArrayRefOf {
     I64(Vec<i64>),
     I32(Vec<i32>),
-    I16(Vec<i16>),
 }
 
 #[cfg(test)]

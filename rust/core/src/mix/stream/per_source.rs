@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{Array, FixedSizeListArray, Int16Array, RecordBatch};
+use arrow_array::{Array, FixedSizeListArray, Int32Array, RecordBatch};
 use arrow_schema::{DataType, Field};
 use arrow_select::concat::concat_batches;
 
@@ -95,19 +95,19 @@ impl MixStream {
         let seg = seg
             .values()
             .as_any()
-            .downcast_ref::<arrow_array::Int32Array>()
+            .downcast_ref::<Int32Array>()
             .ok_or_else(|| Error::Internal("segment_ids are not int32".into()))?;
         let len = p.seq_len as usize;
-        let src: Vec<i16> = seg
+        let src: Vec<i32> = seg
             .values()
             .iter()
             .enumerate()
-            .map(|(i, &g)| if g > 0 { tags[i / len] as i16 } else { -1 })
+            .map(|(i, &g)| if g > 0 { i32::from(tags[i / len]) } else { -1 })
             .collect();
         let list = FixedSizeListArray::try_new(
-            Arc::new(Field::new("item", DataType::Int16, false)),
+            Arc::new(Field::new("item", DataType::Int32, false)),
             len as i32,
-            Arc::new(Int16Array::from(src)),
+            Arc::new(Int32Array::from(src)),
             None,
         )
         .map_err(internal)?;
