@@ -535,6 +535,20 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
             for n, s in zip(self.source_names, stats, strict=True)
         }
 
+    def set_epoch(self, epoch: int) -> None:
+        """For trainers that call ``set_epoch`` as every pass starts (accelerate's loaders, so
+        the HF ``Trainer``): a mixture has no epochs of its own (each source runs through its
+        own as it is mixed, and ``load_state_dict`` places it), so this does not move it.
+
+        Under an accelerate loader it checks the loader's settings on every process (a refused
+        one raises on all of them, not only on process 0, which reads) and restarts DataLoader
+        workers that accelerate's stateful loader started in ``prepare()``, before the mixture
+        could see the loader: they would read one process's share instead of every row
+        (``integrations/accelerate.before_epoch``, as for ``ParquetStream``).
+        """
+        _int(epoch, "epoch")
+        _slots._accelerate.before_epoch(self, self._world_size)
+
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._start_point()

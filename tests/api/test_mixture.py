@@ -110,6 +110,24 @@ def test_resume_anywhere_twice(data, kw):
         assert head + mid + keys(ds3, batched) == full, f"k={k}, twice"
 
 
+def test_set_epoch_does_not_move_a_mixture(data):
+    """Trainers call set_epoch as every pass starts (accelerate's loaders, with the loop's or
+    their own count): a mixture has no epochs, so neither a fresh nor a loaded one moves."""
+    full = keys(mix(data, batch_size=7))
+    m = mix(data, batch_size=7)
+    it = iter(m)
+    head = [key(next(it), True) for _ in range(9)]
+    resumed = mix(data, batch_size=7)
+    resumed.load_state_dict(m.state_dict())
+    resumed.set_epoch(3)
+    assert head + keys(resumed) == full
+    fresh = mix(data, batch_size=7)
+    fresh.set_epoch(1)
+    assert keys(fresh) == full
+    with pytest.raises(ValueError, match="epoch must be an int"):
+        fresh.set_epoch(-1)
+
+
 def test_stop_ends_right_after_the_stop_source_and_drop_takes_every_row(data):
     # math stops the mixture: its 17 rows, then nothing.
     got = flat(keys(mix(data, on_exhausted={"math": "stop"}, samples=None, batch_size=4)))

@@ -1,8 +1,9 @@
 """HF ``accelerate`` (and the HF ``Trainer``, built on it): exactly-once under its data loaders.
 
-``accelerator.prepare(DataLoader(ParquetStream(...)))`` wraps the loader in one of two ways, and
-:class:`~shardstream.ParquetStream` finds out which when it starts iterating (:func:`wrapper`),
-so no setting is needed for the default:
+``accelerator.prepare(DataLoader(ParquetStream(...)))`` (or a ``Mixture``) wraps the loader in one
+of two ways, and the dataset finds out which when it starts iterating (:func:`wrapper`) and in
+its ``set_epoch``, which accelerate's loader calls on every process as a pass starts, so no
+setting is needed for the default:
 
 * ``dispatch_batches=True`` (accelerate's default for iterable datasets): process 0 iterates the
   loader and sends each process its part of every batch. The stream then reads *every* row on
@@ -43,14 +44,15 @@ class Wrapper:
     workers: int = 0  # the DataLoader's num_workers
     short_batches: bool = False  # it batches rows without drop_last: each worker's last is short
     packed: bool = False  # the stream packs tokens (pack=): its batches carry cu_seqlens
+    kind: str = "ParquetStream"  # the dataset's class, for the messages
 
     def slot(self, world_size: int | None) -> tuple[int, int]:
         """``(rank, world_size)`` the stream must use under this wrapper, or a ``ValueError``."""
         if not self.dispatch:
             raise ValueError(
-                "accelerate splits this ParquetStream between processes a second time: with "
+                f"accelerate splits this {self.kind} between processes a second time: with "
                 "dispatch_batches=False it wraps the dataset in IterableDatasetShard, which keeps "
-                f"1/{self.num_processes} of what each process yields, but ParquetStream already "
+                f"1/{self.num_processes} of what each process yields, but {self.kind} already "
                 "yields only its rank's rows. Use dispatch_batches=True (accelerate's default "
                 "for iterable datasets: DataLoaderConfiguration(dispatch_batches=True), or "
                 "accelerator_config={'dispatch_batches': True} in HF TrainingArguments)"
@@ -69,13 +71,13 @@ class Wrapper:
                 f"dimension into {self.num_processes} parts, but a packed batch's cu_seqlens "
                 "(document boundaries over the whole batch) and max_seqlen are not per row, so "
                 "each process would get wrong boundaries: with packing, run one process per "
-                "rank without dispatch (a plain loop: ParquetStream(rank=, world_size=), "
+                f"rank without dispatch (a plain loop: {self.kind}(rank=, world_size=), "
                 "shardstream.EvenBatches for a finite pass)"
             )
         if world_size is not None and world_size > 1:
             raise ValueError(
                 "accelerate dispatches batches (dispatch_batches=True): process 0 reads for every "
-                f"process, so ParquetStream must read every row there, but world_size={world_size} "
+                f"process, so {self.kind} must read every row there, but world_size={world_size} "
                 "was passed: drop rank=/world_size= (or pass rank=0, world_size=1)"
             )
         if self.stateful and self.num_processes > 1:
@@ -142,6 +144,7 @@ def _wrapper(found: tuple[Any, bool, int], dataset: Any) -> Wrapper:
             and not getattr(dataset, "drop_last", False)
         ),
         packed=_pack_of(dataset) is not None,
+        kind=type(dataset).__name__,
     )
 
 
@@ -152,9 +155,10 @@ def wrapper(dataset: Any) -> Wrapper | None:
 
 
 def before_epoch(dataset: Any, world_size: int | None) -> None:
-    """Called by ``ParquetStream.set_epoch``, which accelerate's loader calls as it starts, on
-    every process: a setting the stream cannot be exact with raises here on all of them (in
-    the iterator it would raise on process 0 only, and the others would wait for its batch).
+    """Called by ``ParquetStream.set_epoch`` and ``Mixture.set_epoch``, which accelerate's
+    loader calls as it starts, on every process: a setting the dataset cannot be exact with
+    raises here on all of them (in the iterator it would raise on process 0 only, and the others
+    would wait for its batch).
 
     With ``use_stateful_dataloader=True`` and ``num_workers > 0``, ``prepare()`` already started
     the workers (accelerate asks torchdata's ``StatefulDataLoader`` for its ``state_dict()``,
