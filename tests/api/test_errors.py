@@ -90,6 +90,70 @@ def test_dir_without_parquet(tmp_path):
     expect(FileNotFoundError, build_and_iterate(str(d)), "emptyish")
 
 
+FIFO_CASES = r"""
+import json, sys
+from shardstream import ParquetRows, ParquetStream
+out = {}
+for name, src in json.loads(sys.argv[1]).items():
+    for cls in (ParquetStream, ParquetRows):
+        try:
+            ds = cls(src, columns=["id"])
+            n = len(list(ds) if cls is ParquetStream else ds)
+            out[f"{name}/{cls.__name__}"] = f"read {n}"
+        except OSError as e:
+            out[f"{name}/{cls.__name__}"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def test_named_pipes_and_devices_are_refused_not_read(tmp_path):
+    """A named pipe among the shards (or as the sidecar, or an HF state.json) was opened and
+    read, waiting for a writer forever; a device is not data either. Each is an OSError naming
+    the file and what it is, before anything waits (run in a child under a timeout, so a
+    regression fails instead of hanging the suite)."""
+    import json
+    import subprocess
+    import sys
+
+    from shardstream.datagen import write_shards
+
+    cases = {}
+    for name in ("in_dir", "named", "url", "sidecar", "hf_state"):
+        d = tmp_path / name
+        write_shards(str(d), num_shards=1, rows_per_shard=5)
+        cases[name] = str(d)
+    os.mkfifo(tmp_path / "in_dir" / "z.parquet")
+    os.mkfifo(tmp_path / "named" / "p.arrow")
+    cases["named"] = str(tmp_path / "named" / "p.arrow")
+    cases["url"] = (tmp_path / "named" / "p.arrow").as_uri()
+    os.mkfifo(tmp_path / "sidecar" / "_shardstream_index.json")
+    os.mkfifo(tmp_path / "hf_state" / "state.json")
+    cases["device"] = "/dev/null"
+    proc = subprocess.run(
+        [sys.executable, "-c", FIFO_CASES, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    pipes = {
+        "in_dir": tmp_path / "in_dir" / "z.parquet",
+        "named": tmp_path / "named" / "p.arrow",
+        "url": cases["url"],
+        "sidecar": tmp_path / "sidecar" / "_shardstream_index.json",
+        "hf_state": tmp_path / "hf_state" / "state.json",
+    }
+    for name, path in pipes.items():
+        for cls in ("ParquetStream", "ParquetRows"):
+            assert got[f"{name}/{cls}"] == (
+                f"OSError: {path}: a named pipe, not a regular file: a dataset's files are read "
+                "as regular files"
+            ), (name, cls)
+    assert got["device/ParquetStream"].startswith("OSError: /dev/null: a character device")
+
+
 def test_empty_list_source():
     expect((FileNotFoundError, ValueError), build_and_iterate([]))
 

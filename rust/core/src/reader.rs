@@ -333,7 +333,7 @@ fn open_parquet_row_group(
             |r, d| obj.fetch_pages(r, d),
         );
     }
-    let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+    let file = crate::catalog::open_file(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
     shard.check_unchanged(&file)?;
     if shard.has_offset_index() {
         // Pieces are small and cut on page boundaries (prefetch.rs), so reading their pages up

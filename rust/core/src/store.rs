@@ -582,6 +582,18 @@ impl Store {
         let key = self.location(url)?;
         let key_str = key.as_ref().to_string();
         let glob_at = key_str.find(['*', '?', '[']);
+        // A file:// URL naming a named pipe or device: object_store's local store would open
+        // and read it, waiting forever on a FIFO (its listings already skip such files).
+        if self.scheme == ObjectStoreScheme::Local && glob_at.is_none() {
+            let kind = url
+                .to_file_path()
+                .ok()
+                .and_then(|p| std::fs::metadata(p).ok());
+            if let Some(kind) = kind.map(|m| m.file_type()).filter(|k| !k.is_dir()) {
+                crate::catalog::check_regular(kind)
+                    .map_err(|e| Error::io(std::path::Path::new(raw), e))?;
+            }
+        }
         let store = self.clone();
         let raw_owned = raw.to_string();
         let also: Vec<String> = also.iter().map(|a| format!("/{a}")).collect();

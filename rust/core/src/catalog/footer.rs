@@ -574,7 +574,7 @@ fn ipc_schema(s: &Shard) -> Result<SchemaRef> {
             format!("no schema recorded for this Arrow IPC shard: rerun `shardstream index` or delete {INDEX_FILE}"),
         ));
     }
-    let file = File::open(&s.path).map_err(|e| Error::io(&s.path, e))?;
+    let file = super::open_file(&s.path).map_err(|e| Error::io(&s.path, e))?;
     let kind = sniff_file(&file, &s.path, s.size)?;
     Ok(ipc::read_local(&file, &s.path, s.size, kind)?.schema)
 }
@@ -585,7 +585,7 @@ pub(crate) fn sniff_file(file: &File, path: &Path, size: u64) -> Result<Sniffed>
 }
 
 fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = super::open_file(path).map_err(|e| Error::io(path, e))?;
     let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
     let size = fs_meta.len();
     let kind = sniff_file(&file, path, size)?;

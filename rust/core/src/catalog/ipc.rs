@@ -738,7 +738,7 @@ impl Maps {
                 return Ok(b.clone());
             }
         }
-        let file = File::open(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
+        let file = super::open_file(&shard.path).map_err(|e| Error::io(&shard.path, e))?;
         shard.check_unchanged(&file)?;
         let whole = map_file(&file, &shard.path)?;
         if let Ok(mut maps) = self.0.try_lock() {

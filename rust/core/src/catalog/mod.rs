@@ -35,6 +35,72 @@ pub use fingerprint::{Fingerprint, ShardChanges};
 pub(crate) use schema::{conform, type_name};
 pub use sources::resolve_sources;
 
+/// Opens a local file of the dataset (a shard, the sidecar, an HF `state.json`) for reading,
+/// refusing anything but a regular file: opening a named pipe for reading waits for a writer,
+/// forever for a FIFO left among the shards, and a device or socket is not data. The open does
+/// not block (`O_NONBLOCK`, which regular files ignore) and the type is checked on the open
+/// file, so it cannot change in between. The error is an `InvalidInput` I/O error naming what
+/// the file is; the caller adds the path.
+pub(crate) fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path)?;
+    check_regular(file.metadata()?.file_type())?;
+    Ok(file)
+}
+
+/// `Ok` for a regular file; else the `InvalidInput` error of [`open_file`].
+pub(crate) fn check_regular(kind: std::fs::FileType) -> std::io::Result<()> {
+    if kind.is_file() {
+        return Ok(());
+    }
+    #[cfg(unix)]
+    let what = {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            "a named pipe"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_dir() {
+            "a directory"
+        } else {
+            "a special file"
+        }
+    };
+    #[cfg(not(unix))]
+    let what = if kind.is_dir() {
+        "a directory"
+    } else {
+        "a special file"
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{what}, not a regular file: a dataset's files are read as regular files"),
+    ))
+}
+
+/// [`open_file`] and read it whole; `None` if it does not exist.
+pub(crate) fn read_file_if_exists(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut file = match open_file(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    file.read_to_end(&mut out)?;
+    Ok(Some(out))
+}
+
 /// One row group of one shard.
 #[derive(Debug, Clone)]
 pub struct RowGroupInfo {
@@ -157,7 +223,7 @@ impl Shard {
             }
             return Ok(cell.get_or_init(|| meta));
         }
-        let file = std::fs::File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let file = open_file(&self.path).map_err(|e| Error::io(&self.path, e))?;
         let size = file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
         let digest = footer::footer_digest(&file, size).map_err(|e| Error::io(&self.path, e))?;
         if size != self.size || digest != self.footer_digest {

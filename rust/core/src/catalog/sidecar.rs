@@ -305,9 +305,9 @@ type Loaded = (HashMap<String, Entry>, HashMap<[u8; 16], SchemaRef>);
 
 fn load(root: &Path) -> Result<Option<Loaded>> {
     let path = sidecar_path(root);
-    let text = match std::fs::read(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+    let text = match super::read_file_if_exists(&path) {
+        Ok(Some(t)) => t,
+        Ok(None) => return Ok(None),
         Err(e) => return Err(Error::io(&path, e)),
     };
     let name = path.display().to_string();

@@ -38,9 +38,9 @@ fn is_shard_name(path: &Path) -> bool {
 /// `None` for any other directory.
 pub fn hf_data_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
     let state = dir.join("state.json");
-    let text = match std::fs::read(&state) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+    let text = match super::read_file_if_exists(&state) {
+        Ok(Some(t)) => t,
+        Ok(None) => return Ok(None),
         Err(e) => return Err(Error::io(&state, e)),
     };
     let Some(names) = hf_state_files(&text, &state.display().to_string())? else {
