@@ -578,3 +578,25 @@ def test_uncompressed_local_shards_decode_in_the_caller(tmp_path, kind, comp):
         got += [i for b in it for i in b.column("id").to_pylist()]
         assert got == want
         del ds, it
+
+
+@pytest.mark.parametrize("ext", ["arrow", "feather", "arrows", "ipc"])
+def test_empty_or_non_ipc_file_named_as_ipc_is_reported_as_ipc(tmp_path, ext):
+    """A 0-byte `.arrow` (a writer that died before its first write) is named as an Arrow IPC
+    file that is empty, not as an unreadable Parquet file; so is one that is not IPC at all."""
+    empty = tmp_path / f"empty.{ext}"
+    empty.write_bytes(b"")
+    for src in (str(empty), empty.as_uri()):
+        with pytest.raises(
+            ShardError, match=rf"empty\.{ext}: an empty file \(0 bytes\).*Arrow IPC"
+        ):
+            ParquetStream(src)
+    junk = tmp_path / f"junk.{ext}"
+    junk.write_bytes(b"not arrow at all, " * 10)
+    for src in (str(junk), junk.as_uri()):
+        with pytest.raises(ShardError, match=rf"junk\.{ext}: not an Arrow IPC file"):
+            ParquetStream(src)
+    # the magic decides, not the name: Parquet named .arrow is read as Parquet
+    pq.write_table(_table(0, 5), tmp_path / f"pq.{ext}")
+    got = ParquetStream(str(tmp_path / f"pq.{ext}"), output="python")
+    assert [r["id"] for r in got] == list(range(5))

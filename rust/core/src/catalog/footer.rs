@@ -312,6 +312,9 @@ async fn read_remote_footer(
             shard.object = Some(obj);
             return Ok(shard);
         }
+        if ipc::named_ipc_but_not(&path, &[], &tail.1) {
+            return Err(ipc::not_ipc(&path, obj.size));
+        }
     }
     let (meta, footer_digest) = parquet_meta(client, obj.clone(), tail).await?;
     shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
@@ -324,8 +327,12 @@ async fn fetch_tail(
     obj: &Object,
 ) -> Result<(std::ops::Range<u64>, bytes::Bytes)> {
     if obj.size == 0 {
+        let path = PathBuf::from(obj.url());
+        if ipc::named_ipc_but_not(&path, &[], &[]) {
+            return Err(ipc::not_ipc(&path, 0));
+        }
         return Err(Error::shard(
-            Path::new(&obj.url()),
+            &path,
             "an empty object (0 bytes): not a Parquet or Arrow IPC file",
         ));
     }
@@ -652,6 +659,14 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
     let size = fs_meta.len();
     let kind = sniff_file(&file, path, size)?;
+    if kind == Sniffed::Parquet {
+        use std::os::unix::fs::FileExt;
+        let mut head = [0u8; 4];
+        let n = file.read_at(&mut head, 0).map_err(|e| Error::io(path, e))?;
+        if ipc::named_ipc_but_not(path, &head[..n], &[]) {
+            return Err(ipc::not_ipc(path, size));
+        }
+    }
     if kind != Sniffed::Parquet {
         let meta = ipc::read_local(&file, path, size, kind)?;
         let mut shard = ipc_shard(path, rel_path(path, root), size, mtime_ns(&fs_meta), meta);
