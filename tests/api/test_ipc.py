@@ -445,6 +445,62 @@ def test_load_dataset_cache_dir_of_one_split(tmp_path):
     assert got == [r["id"] for r in ds]
 
 
+def _json_load_dataset(tmp_path, splits: dict[str, int]):
+    """`load_dataset("json", ...)` of one JSON Lines file per split, cached under tmp_path/c;
+    returns the DatasetDict and its cache directory."""
+    import json
+
+    import datasets
+
+    datasets.disable_progress_bars()
+    files = {}
+    for split, n in splits.items():
+        p = tmp_path / f"{split}.jsonl"
+        rows = (json.dumps({"id": i, "text": f"{split} {i}"}) + "\n" for i in range(n))
+        p.write_text("".join(rows))
+        files[split] = str(p)
+    dd = datasets.load_dataset("json", data_files=files, cache_dir=str(tmp_path / "c"))
+    return dd, os.path.dirname(next(iter(dd.values())).cache_files[0]["filename"])
+
+
+def test_load_dataset_cache_dir_skips_map_and_filter_caches(tmp_path):
+    """`.map()` / `.filter()` write `cache-<fingerprint>.arrow` files (`cache-…_0000k_of_0000n`
+    with num_proc) beside the split's files: they are not the split's rows."""
+    dd, cache = _json_load_dataset(tmp_path, {"train": 300})
+    train = dd["train"]
+    want = [r["id"] for r in train]
+
+    def check(n_caches):
+        caches = [n for n in os.listdir(cache) if n.startswith("cache-") and n.endswith(".arrow")]
+        assert len(caches) == n_caches, caches
+        for src in (cache, Path(cache).as_uri() + "/"):
+            ds = ParquetStream(src, output="python")
+            assert [os.path.basename(s) for s in ds.shards] == ["json-train.arrow"], src
+            assert [r["id"] for r in ds] == want, src
+
+    train.map(lambda r: {"id": r["id"] + 10_000, "text": "mapped"})  # same schema, other rows
+    check(1)
+    train.filter(lambda r: r["id"] % 3 == 0)  # an indices mapping
+    train.map(lambda r: {"id": -r["id"]}, num_proc=2)
+    check(4)
+
+
+def test_load_dataset_cache_dir_of_several_splits_asks_for_one(tmp_path):
+    """Reading train and test of one cache directory as one stream would mix them: the
+    directory is refused, naming its splits and a glob that names one."""
+    dd, cache = _json_load_dataset(tmp_path, {"train": 40, "test": 15})
+    dd["train"].map(lambda r: {"id": r["id"] + 10_000})
+    for src in (cache, Path(cache).as_uri()):
+        with pytest.raises(ValueError, match=r"splits test, train.*json-train\*\.arrow"):
+            ParquetStream(src)
+        for split in ("train", "test"):
+            ds = ParquetStream(f"{src}/json-{split}*.arrow", output="python")
+            assert [r["id"] for r in ds] == [r["id"] for r in dd[split]], (src, split)
+    # the same directory walked from a parent directory is refused the same way
+    with pytest.raises(ValueError, match=r"splits test, train"):
+        ParquetStream(str(tmp_path / "c"))
+
+
 def test_inspect_describes_ipc_shards(plain_file_set, capsys):
     import json
 
@@ -522,3 +578,25 @@ def test_uncompressed_local_shards_decode_in_the_caller(tmp_path, kind, comp):
         got += [i for b in it for i in b.column("id").to_pylist()]
         assert got == want
         del ds, it
+
+
+@pytest.mark.parametrize("ext", ["arrow", "feather", "arrows", "ipc"])
+def test_empty_or_non_ipc_file_named_as_ipc_is_reported_as_ipc(tmp_path, ext):
+    """A 0-byte `.arrow` (a writer that died before its first write) is named as an Arrow IPC
+    file that is empty, not as an unreadable Parquet file; so is one that is not IPC at all."""
+    empty = tmp_path / f"empty.{ext}"
+    empty.write_bytes(b"")
+    for src in (str(empty), empty.as_uri()):
+        with pytest.raises(
+            ShardError, match=rf"empty\.{ext}: an empty file \(0 bytes\).*Arrow IPC"
+        ):
+            ParquetStream(src)
+    junk = tmp_path / f"junk.{ext}"
+    junk.write_bytes(b"not arrow at all, " * 10)
+    for src in (str(junk), junk.as_uri()):
+        with pytest.raises(ShardError, match=rf"junk\.{ext}: not an Arrow IPC file"):
+            ParquetStream(src)
+    # the magic decides, not the name: Parquet named .arrow is read as Parquet
+    pq.write_table(_table(0, 5), tmp_path / f"pq.{ext}")
+    got = ParquetStream(str(tmp_path / f"pq.{ext}"), output="python")
+    assert [r["id"] for r in got] == list(range(5))

@@ -376,6 +376,8 @@ pub struct Resolved {
     pub listed: Option<ObjPath>,
     /// Objects with the name asked for that the listing came across.
     pub also: Vec<Object>,
+    /// The URL was a glob: `objects` are what it matched (not a prefix's shards).
+    pub glob: bool,
 }
 
 /// One remote shard: its store, key, and the size and ETag seen when the catalog was opened.
@@ -704,6 +706,7 @@ impl Store {
             objects: out,
             listed,
             also: extra.into_iter().map(object).collect(),
+            glob: glob_at.is_some(),
         })
     }
 

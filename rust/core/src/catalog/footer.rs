@@ -2,7 +2,7 @@
 //! objects (one suffix request each; an Arrow IPC object's batch index through a ranged reader),
 //! the raw-footer digest, and the [`Shard`] built from them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -16,7 +16,7 @@ use super::compat;
 use super::ipc::{self, Sniffed};
 use super::schema::schema_digest;
 use super::sidecar::INDEX_FILE;
-use super::sources::common_root;
+use super::sources::{common_root, hf_cache_skips, HF_INFO};
 use super::{Format, RowGroupInfo, Shard};
 use crate::error::{shard_guard, Error, Result};
 use crate::store::{Object, Store};
@@ -132,7 +132,9 @@ pub(super) fn resolve_remote(
                 s
             }
         };
-        let r = store.resolve(&url, src, &[super::sidecar::INDEX_FILE, HF_STATE])?;
+        let also = [super::sidecar::INDEX_FILE, HF_STATE, HF_INFO];
+        let mut r = store.resolve(&url, src, &also)?;
+        skip_hf_caches(&store, &mut r)?;
         for obj in &r.objects {
             objects.insert(PathBuf::from(obj.url()), obj.clone());
         }
@@ -157,6 +159,67 @@ pub(super) fn resolve_remote(
 
 /// What `save_to_disk` names the file listing a dataset's data files in order.
 const HF_STATE: &str = "state.json";
+
+/// A listed prefix's HF `load_dataset` cache "directories" without their `.map()`/`.filter()`
+/// caches, as a local walk reads them ([`hf_cache_skips`]: told by the names the listing
+/// saw). A glob's matches are read as they are, as local ones are.
+fn skip_hf_caches(store: &Arc<Store>, r: &mut crate::store::Resolved) -> Result<()> {
+    if r.glob || r.listed.is_none() {
+        return Ok(());
+    }
+    let split = |o: &Object| {
+        let key = o.location.as_ref();
+        match key.rsplit_once('/') {
+            Some((dir, name)) => (dir.to_string(), name.to_string()),
+            None => (String::new(), key.to_string()),
+        }
+    };
+    let info_dirs: BTreeSet<String> = r
+        .also
+        .iter()
+        .map(split)
+        .filter(|(_, name)| name == HF_INFO)
+        .map(|(dir, _)| dir)
+        .collect();
+    let mut drop: BTreeSet<String> = BTreeSet::new();
+    for dir in &info_dirs {
+        let names: Vec<String> = r
+            .objects
+            .iter()
+            .chain(&r.also)
+            .map(split)
+            .filter(|(d, _)| d == dir)
+            .map(|(_, name)| name)
+            .collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let url = store.url_of(&object_store::path::Path::from(dir.as_str()));
+        for name in hf_cache_skips(&url, &refs)?.unwrap_or_default() {
+            drop.insert(if dir.is_empty() {
+                name.to_string()
+            } else {
+                format!("{dir}/{name}")
+            });
+        }
+    }
+    if drop.is_empty() {
+        return Ok(());
+    }
+    r.objects.retain(|o| !drop.contains(o.location.as_ref()));
+    if r.objects.is_empty() {
+        let prefix = r
+            .listed
+            .as_ref()
+            .map(|p| store.url_of(p))
+            .unwrap_or_default();
+        return Err(Error::NotFound {
+            path: prefix,
+            what: "only HF datasets cache-*.arrow files (.map()/.filter() caches, not a \
+                   split's data) under that prefix"
+                .into(),
+        });
+    }
+    Ok(())
+}
 
 /// The objects of a listed prefix holding an HF `datasets` `state.json` (directly under it),
 /// in the order it lists them (one GET); `None` for any other listing.
@@ -249,6 +312,9 @@ async fn read_remote_footer(
             shard.object = Some(obj);
             return Ok(shard);
         }
+        if ipc::named_ipc_but_not(&path, &[], &tail.1) {
+            return Err(ipc::not_ipc(&path, obj.size));
+        }
     }
     let (meta, footer_digest) = parquet_meta(client, obj.clone(), tail).await?;
     shard_from_meta(&path, rel, obj.size, 0, meta, footer_digest, Some(obj))
@@ -261,8 +327,12 @@ async fn fetch_tail(
     obj: &Object,
 ) -> Result<(std::ops::Range<u64>, bytes::Bytes)> {
     if obj.size == 0 {
+        let path = PathBuf::from(obj.url());
+        if ipc::named_ipc_but_not(&path, &[], &[]) {
+            return Err(ipc::not_ipc(&path, 0));
+        }
         return Err(Error::shard(
-            Path::new(&obj.url()),
+            &path,
             "an empty object (0 bytes): not a Parquet or Arrow IPC file",
         ));
     }
@@ -589,6 +659,14 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
     let size = fs_meta.len();
     let kind = sniff_file(&file, path, size)?;
+    if kind == Sniffed::Parquet {
+        use std::os::unix::fs::FileExt;
+        let mut head = [0u8; 4];
+        let n = file.read_at(&mut head, 0).map_err(|e| Error::io(path, e))?;
+        if ipc::named_ipc_but_not(path, &head[..n], &[]) {
+            return Err(ipc::not_ipc(path, size));
+        }
+    }
     if kind != Sniffed::Parquet {
         let meta = ipc::read_local(&file, path, size, kind)?;
         let mut shard = ipc_shard(path, rel_path(path, root), size, mtime_ns(&fs_meta), meta);

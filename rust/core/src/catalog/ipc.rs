@@ -119,6 +119,42 @@ pub(crate) trait ReadAt {
     }
 }
 
+/// The extensions of [`SHARD_EXTENSIONS`](super::sources::SHARD_EXTENSIONS) that name a file
+/// as Arrow IPC (file or stream).
+const IPC_EXTENSIONS: [&str; 4] = ["arrow", "feather", "arrows", "ipc"];
+
+/// Is a file that is neither IPC nor Parquet by its bytes (`head`: its first bytes, `tail`:
+/// its last ones, either may be empty when not known) but named as Arrow IPC to be reported
+/// as such ([`not_ipc`]): the Parquet reader it would otherwise go to would say "not a
+/// readable Parquet file", naming a format the file never claimed. A file with Parquet's
+/// magic is still read as Parquet, whatever its name.
+pub(crate) fn named_ipc_but_not(path: &Path, head: &[u8], tail: &[u8]) -> bool {
+    let named = path
+        .extension()
+        .is_some_and(|e| IPC_EXTENSIONS.iter().any(|x| e == *x));
+    // `PAR1`, or `PARE` (encrypted footer): a Parquet file starts and ends with one of them.
+    let parquet = |b: &[u8]| b.starts_with(b"PAR1") || b.starts_with(b"PARE");
+    let ends_parquet = tail.ends_with(b"PAR1") || tail.ends_with(b"PARE");
+    named && !parquet(head) && !ends_parquet
+}
+
+/// The error for a file [`named_ipc_but_not`]: an empty one (a writer that died before its
+/// first write, a failed copy) is said to be empty.
+pub(crate) fn not_ipc(path: &Path, size: u64) -> Error {
+    Error::shard(
+        path,
+        if size == 0 {
+            "an empty file (0 bytes): not a readable Arrow IPC file (nothing was written to it)"
+                .to_string()
+        } else {
+            format!(
+                "not an Arrow IPC file ({size} bytes): it starts with neither the ARROW1 magic \
+                 nor a stream's schema message (nor is it Parquet)"
+            )
+        },
+    )
+}
+
 /// What a shard of `size` bytes is, from its first bytes: [`sniff`], plus streams written
 /// before format 0.15 (no continuation marker: a 4-byte length, then a schema message), which
 /// arrow-ipc still reads. Those are told from other data by parsing that first message.

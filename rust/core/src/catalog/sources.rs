@@ -9,7 +9,7 @@
 //! always read. Symbolic links are followed; a link to a directory that contains it (a loop)
 //! is an error naming the link, as are `*.parquet` links that are broken or loop.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -95,6 +95,78 @@ pub(crate) fn hf_state_files(text: &[u8], state: &str) -> Result<Option<Vec<Stri
         ));
     }
     Ok(Some(out))
+}
+
+/// What `load_dataset` (and `save_to_disk`) write beside the data: the dataset's features and
+/// splits. In a directory without `state.json` it marks a `load_dataset` cache directory.
+pub(crate) const HF_INFO: &str = "dataset_info.json";
+
+/// The builder and split of a `load_dataset` data file, from its name: `{builder}-{split}.{ext}`
+/// or `{builder}-{split}-{shard:05d}-of-{num_shards:05d}.{ext}` (HF `datasets`' `naming`;
+/// split names are `\w+(\.\w+)*`, so never contain `-`). `None` for other names.
+fn hf_split_of(name: &str) -> Option<(&str, &str)> {
+    let (stem, _ext) = name.rsplit_once('.')?;
+    // `-00000-of-00003`: 15 bytes, digits where the shard numbers are.
+    let is_shard_suffix = |t: &[u8]| {
+        t.len() == 15
+            && t[0] == b'-'
+            && t[1..6].iter().all(u8::is_ascii_digit)
+            && &t[6..10] == b"-of-"
+            && t[10..].iter().all(u8::is_ascii_digit)
+    };
+    let stem = match stem.len().checked_sub(15) {
+        Some(at) if stem.is_char_boundary(at) && is_shard_suffix(&stem.as_bytes()[at..]) => {
+            &stem[..at]
+        }
+        _ => stem,
+    };
+    let (builder, split) = stem.rsplit_once('-')?;
+    (!builder.is_empty() && !split.is_empty()).then_some((builder, split))
+}
+
+/// In an HF `datasets` `load_dataset` cache directory (`dir`: a path or URL, holding the
+/// entries `names`), which shard files are not data: `None` when it is not one (no
+/// `dataset_info.json`, or a `state.json`: a `save_to_disk` directory), else the names to
+/// skip. Those are the `cache-*.arrow` files `.map()`, `.filter()` and the like write there
+/// (`cache-{fingerprint}.arrow`, `…_{rank:05d}_of_{n:05d}.arrow` with `num_proc`): other
+/// rows, or indices, not the split's. With the files of several splits it is an error naming
+/// them, as train and test read as one stream would be mixed. Decided from the names alone,
+/// so that a bucket prefix is told by its listing, without a GET.
+pub(crate) fn hf_cache_skips<'a>(dir: &str, names: &[&'a str]) -> Result<Option<Vec<&'a str>>> {
+    if !names.contains(&HF_INFO) || names.contains(&"state.json") {
+        return Ok(None);
+    }
+    let mut skip = Vec::new();
+    // split -> (builder, extension) of one of its files, for the glob the error suggests
+    let mut splits: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
+    for &name in names {
+        if !is_shard_name(Path::new(name)) {
+            continue;
+        }
+        if name.starts_with("cache-") && name.ends_with(".arrow") {
+            skip.push(name);
+        } else if let Some((builder, split)) = hf_split_of(name) {
+            let ext = name.rsplit_once('.').map_or("", |(_, e)| e);
+            splits.entry(split).or_insert((builder, ext));
+        }
+    }
+    if splits.len() > 1 {
+        let list: Vec<&str> = splits.keys().copied().collect();
+        let pick = if splits.contains_key("train") {
+            "train"
+        } else {
+            list[0]
+        };
+        let (builder, ext) = splits[pick];
+        return Err(Error::Config(format!(
+            "{dir}: an HF datasets load_dataset cache directory holding the splits {}: read \
+             as one stream they would be mixed; name one split's files with a glob, e.g. \
+             {}/{builder}-{pick}*.{ext}",
+            list.join(", "),
+            dir.trim_end_matches('/'),
+        )));
+    }
+    Ok(Some(skip))
 }
 
 /// Expand files, directories (every `*.parquet` below, recursively) and globs into a sorted,
@@ -302,6 +374,13 @@ fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>, ancestors: &mut Vec<(u64, u64)>
     }
     // Sorted, so that which of two loop links is reported does not depend on the file system.
     entries.sort_by_key(|e| e.file_name());
+    // An HF `load_dataset` cache directory: its `.map()`/`.filter()` caches are not data.
+    let names: Vec<std::ffi::OsString> = entries.iter().map(|e| e.file_name()).collect();
+    let utf8: Vec<&str> = names.iter().filter_map(|n| n.to_str()).collect();
+    let skip = hf_cache_skips(&dir.display().to_string(), &utf8)?.unwrap_or_default();
+    if !skip.is_empty() {
+        entries.retain(|e| e.file_name().to_str().is_none_or(|n| !skip.contains(&n)));
+    }
     for entry in entries {
         let path = entry.path();
         let ft = entry.file_type().map_err(|e| Error::io(&path, e))?;
@@ -499,5 +578,37 @@ mod tests {
         let err = resolve_sources(&[d.path().display().to_string()]).unwrap_err();
         assert!(matches!(err, Error::NotFound { .. }), "{err}");
         assert!(err.to_string().contains("broken symbolic link"), "{err}");
+    }
+
+    #[test]
+    fn hf_cache_dirs_skip_map_caches_and_refuse_several_splits() {
+        assert_eq!(hf_split_of("json-train.arrow"), Some(("json", "train")));
+        assert_eq!(
+            hf_split_of("my-set-validation-00001-of-00003.arrow"),
+            Some(("my-set", "validation"))
+        );
+        assert_eq!(hf_split_of("data.arrow"), None);
+        let skips = |names: &[&str]| hf_cache_skips("d", names).map(|s| s.map(|v| v.len()));
+        let caches = [
+            "dataset_info.json",
+            "json-train-00000-of-00002.arrow",
+            "json-train-00001-of-00002.arrow",
+            "cache-0123456789abcdef.arrow",
+            "cache-0123456789abcdef_00001_of_00002.arrow",
+        ];
+        assert_eq!(hf_cache_skips("d", &caches).unwrap().unwrap()[0], caches[3]);
+        assert_eq!(skips(&caches).unwrap(), Some(2));
+        // save_to_disk directories and plain ones are read as they are
+        assert_eq!(
+            skips(&[&caches[..], &["state.json"]].concat()).unwrap(),
+            None
+        );
+        assert_eq!(skips(&caches[1..]).unwrap(), None);
+        let err = skips(&[&caches[..], &["json-test.arrow"]].concat()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("splits test, train") && msg.contains("d/json-train*.arrow"),
+            "{msg}"
+        );
     }
 }
