@@ -904,7 +904,7 @@ def test_bench_quick_table_and_json(capsys):
     assert rc == 0 and err == ""
     for needle in ("benchmark", "shardstream", "pyarrow", "iterate", "resume at 50%", "state_dict"):
         assert needle in out
-    rc, _, err = main_rc(capsys, "bench", "--rows", "1", "--shards", "2")
+    rc, _, err = main_rc(capsys, "bench", "--rows", "3", "--shards", "4")
     assert rc == 2 and "--shards" in err
 
 
@@ -916,3 +916,76 @@ def test_demo_runs_via_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "OK: exact resume verified" in proc.stdout
     assert "\r" not in proc.stderr  # no progress bar when stderr is not a terminal
+
+
+# --------------------------------------------------------------------------- argument ranges
+
+
+BAD_NUMBERS = [
+    # (argv, the argument the error names)
+    (["demo", "--rows", "0"], "--rows"),
+    (["demo", "--rows", "-5"], "--rows"),
+    (["demo", "--rows", "10000000000000"], "--rows"),
+    (["demo", "--shards", "0"], "--shards"),
+    (["demo", "--shards", "-1"], "--shards"),
+    (["demo", "--shards", "1000000000"], "--shards"),
+    (["demo", "--batch-size", "0"], "--batch-size"),
+    (["demo", "--shuffle-buffer", "-1"], "--shuffle-buffer"),
+    (["demo", "--shuffle-buffer", str(2**32)], "--shuffle-buffer"),
+    (["demo", "--seed", "-1"], "--seed"),
+    (["demo", "--seed", str(2**64)], "--seed"),
+    (["demo", "--workers", "-1"], "--workers"),
+    (["demo", "--workers", "100000"], "--workers"),
+    (["bench", "--rows", "0"], "--rows"),
+    (["bench", "--rows", "10000000000000"], "--rows"),
+    (["bench", "--shards", "0"], "--shards"),
+    (["bench", "--shards", "1000000000"], "--shards"),
+    (["bench", "--batch-size", "0"], "--batch-size"),
+    (["bench", "--batch-size", "99999999999999999999"], "--batch-size"),
+    (["bench", "--shuffle-buffer", "-1"], "--shuffle-buffer"),
+    (["bench", "--shuffle-buffer", "5000000000"], "--shuffle-buffer"),
+    (["bench", "--repeat", "0"], "--repeat"),
+]
+
+
+@pytest.mark.parametrize("argv,name", BAD_NUMBERS, ids=[" ".join(a) for a, _ in BAD_NUMBERS])
+def test_numeric_arguments_out_of_range_are_refused_at_parsing(argv, name, capsys):
+    """Refused by the parser (nothing is generated, no worker starts), naming the argument and
+    the range: ``demo --rows 0`` was a traceback from the resume child (exit 1); a huge
+    ``--shards`` or ``--workers`` would allocate or fork in proportion."""
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"shardstream {argv[0]}: error: argument {name}: expected"), err
+
+
+BAD_STOP_AT = ["1.5", "-1", "0", "1", "nan", "inf"]
+
+
+@pytest.mark.parametrize("value", BAD_STOP_AT)
+def test_demo_stop_at_is_a_fraction_strictly_inside_the_epoch(value, capsys):
+    """``--stop-at F`` interrupts after fraction F of the epoch's batches: 1.5 and -1 were
+    accepted and silently clamped to the last / first batch (inf was a traceback)."""
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["demo", "--stop-at", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --stop-at: expected a fraction" in err and value in err, err
+    ok = cli.build_parser().parse_args(["demo", "--stop-at", "0.25", "--rows", "1000"])
+    assert ok.stop_at == 0.25 and ok.rows == 1000
+
+
+def test_demo_and_bench_need_two_batches(capsys):
+    """Too few rows for an interrupt inside the epoch: one line naming the arguments, exit 2,
+    before any data is written (``demo --rows 0`` was a traceback from the child process;
+    ``bench`` with ``--rows <= --batch-size`` a RuntimeError traceback)."""
+    proc = run_cli("demo", "--rows", "0")
+    assert_clean_error(proc, 2, "shardstream demo: error: argument --rows")
+    for cmd in ("demo", "bench"):
+        rc, out, err = main_rc(capsys, cmd, "--rows", "300", "--batch-size", "300", "--shards", "2")
+        assert rc == 2 and out == "", (rc, out, err)
+        assert err.startswith(f"shardstream {cmd}: error: ") and "--batch-size" in err, err
+        assert len(err.strip().splitlines()) == 1
+    rc, _, err = main_rc(capsys, "demo", "--rows", "5", "--shards", "8", "--batch-size", "2")
+    assert rc == 2 and "--shards" in err, err

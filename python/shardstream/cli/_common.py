@@ -3,11 +3,13 @@ parsing, help text from docstrings, and the generated data of ``demo`` and ``ben
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..datagen import write_shards
@@ -20,6 +22,89 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
+
+
+# Ranges of the generated data's arguments (``demo``, ``bench``). --rows: ~16 B of shards per
+# row on disk and ~40 B of row ids in memory for demo's check; --shards: one file each (and the
+# names shard-NNNNN sort in order); --workers: one process each; the others: the core's own.
+MAX_ROWS = 100_000_000
+MAX_SHARDS = 10_000
+MAX_WORKERS = 64
+MAX_SHUFFLE_BUFFER = 2**32 - 1
+MAX_SEED = 2**64 - 1
+
+
+def check_rows(args: argparse.Namespace) -> None:
+    """The generated data's arguments together: every shard gets rows, and an epoch has at
+    least two batches (so a stop or a resume point falls inside it).
+
+    >>> try:
+    ...     check_rows(argparse.Namespace(rows=100, shards=4, batch_size=100))
+    ... except CliError as e:
+    ...     print(str(e).split(":")[0])
+    --rows (100) must be more than --batch-size (100)
+    """
+    if args.rows < args.shards:
+        raise CliError(
+            f"--rows ({args.rows:,}) must be at least --shards ({args.shards:,}): every shard "
+            "gets rows"
+        )
+    if args.rows <= args.batch_size:
+        raise CliError(
+            f"--rows ({args.rows:,}) must be more than --batch-size ({args.batch_size:,}): an "
+            "epoch needs at least two batches"
+        )
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse ``type``: an int in ``[lo, hi]``; otherwise argparse's usage error, exit 2,
+    naming the argument and the range (before the command does any work).
+
+    >>> int_in(1, 10)("7")
+    7
+    >>> int_in(1, 10)("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer from 1 to 10, got '0'
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer from {_num(lo)} to {_num(hi)}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+def _num(n: int) -> str:
+    return f"2**{n.bit_length()}-1" if n > 10**12 and (n + 1) & n == 0 else f"{n:,}"
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type``: a number strictly between 0 and 1.
+
+    >>> fraction("0.4")
+    0.4
+    >>> fraction("1.5")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a fraction strictly between 0 and 1, got '1.5'
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < 1.0:  # also NaN
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction strictly between 0 and 1, got {text!r}"
+        )
+    return value
 
 
 def human_bytes(n: float) -> str:

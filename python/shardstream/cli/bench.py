@@ -32,20 +32,47 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ._common import CliError, emit_json, plain_text, table, write_fresh_shards
+from ._common import (
+    MAX_ROWS,
+    MAX_SHARDS,
+    MAX_SHUFFLE_BUFFER,
+    check_rows,
+    emit_json,
+    int_in,
+    plain_text,
+    table,
+    write_fresh_shards,
+)
 from ._progress import Progress
 
 COLUMNS = ["id", "tokens"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", type=int, default=200_000, help="total rows (%(default)s)")
-    p.add_argument("--shards", type=int, default=4, help="shards (%(default)s)")
-    p.add_argument("--batch-size", type=int, default=1024, help="rows per batch (%(default)s)")
     p.add_argument(
-        "--shuffle-buffer", type=int, default=10_000, help="for the shuffled rows (%(default)s)"
+        "--rows",
+        type=int_in(2, MAX_ROWS),
+        default=200_000,
+        help="total rows, more than --batch-size (%(default)s)",
     )
-    p.add_argument("--repeat", type=int, default=3, help="best of N for each figure (%(default)s)")
+    p.add_argument(
+        "--shards",
+        type=int_in(1, MAX_SHARDS),
+        default=4,
+        help="shards, at most --rows (%(default)s)",
+    )
+    p.add_argument(
+        "--batch-size", type=int_in(1, MAX_ROWS), default=1024, help="rows per batch (%(default)s)"
+    )
+    p.add_argument(
+        "--shuffle-buffer",
+        type=int_in(0, MAX_SHUFFLE_BUFFER),
+        default=10_000,
+        help="for the shuffled rows (%(default)s)",
+    )
+    p.add_argument(
+        "--repeat", type=int_in(1, 1000), default=3, help="best of N for each figure (%(default)s)"
+    )
     p.add_argument(
         "--dir", default=None, help="directory for the generated shards (default: a temp dir)"
     )
@@ -349,10 +376,7 @@ def render(res: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.rows < args.shards or args.shards < 1:
-        raise CliError("need --shards >= 1 and --rows >= --shards")
-    if args.batch_size < 1 or args.repeat < 1 or args.shuffle_buffer < 0:
-        raise CliError("--batch-size and --repeat must be >= 1, --shuffle-buffer >= 0")
+    check_rows(args)
     tmp = None
     if args.dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="shardstream-bench-")

@@ -27,7 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from ._common import plain_text, write_fresh_shards
+from ._common import (
+    MAX_ROWS,
+    MAX_SEED,
+    MAX_SHARDS,
+    MAX_SHUFFLE_BUFFER,
+    MAX_WORKERS,
+    check_rows,
+    fraction,
+    int_in,
+    plain_text,
+    write_fresh_shards,
+)
 
 DEFAULTS: dict[str, Any] = {
     "rows": 200_000,
@@ -41,22 +52,40 @@ DEFAULTS: dict[str, Any] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", type=int, default=DEFAULTS["rows"], help="total rows (%(default)s)")
-    p.add_argument("--shards", type=int, default=DEFAULTS["shards"], help="shards (%(default)s)")
+    p.add_argument(
+        "--rows",
+        type=int_in(2, MAX_ROWS),
+        default=DEFAULTS["rows"],
+        help="total rows, more than --batch-size (%(default)s)",
+    )
+    p.add_argument(
+        "--shards",
+        type=int_in(1, MAX_SHARDS),
+        default=DEFAULTS["shards"],
+        help="shards, at most --rows (%(default)s)",
+    )
     p.add_argument(
         "--dir",
         default=None,
         help="directory for the generated shards (default: a temporary directory)",
     )
-    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
-    p.add_argument("--shuffle-buffer", type=int, default=DEFAULTS["shuffle_buffer"])
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--workers", type=int, default=DEFAULTS["workers"], help="DataLoader workers")
+    p.add_argument("--batch-size", type=int_in(1, MAX_ROWS), default=DEFAULTS["batch_size"])
+    p.add_argument(
+        "--shuffle-buffer", type=int_in(0, MAX_SHUFFLE_BUFFER), default=DEFAULTS["shuffle_buffer"]
+    )
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=DEFAULTS["seed"])
+    p.add_argument(
+        "--workers",
+        type=int_in(0, MAX_WORKERS),
+        default=DEFAULTS["workers"],
+        help="DataLoader workers (%(default)s)",
+    )
     p.add_argument(
         "--stop-at",
-        type=float,
+        type=fraction,
         default=DEFAULTS["stop_at"],
-        help="interrupt after this fraction of the epoch's batches (%(default)s)",
+        help="interrupt after this fraction of the epoch's batches, strictly between 0 and 1 "
+        "(%(default)s)",
     )
     # Internal: the resumed half runs in a fresh interpreter.
     p.add_argument("--resume-child", action="store_true", help=argparse.SUPPRESS)
@@ -198,6 +227,7 @@ def _run_epoch(loader: Any, stop_after: int | None = None) -> tuple[np.ndarray, 
 
 
 def run(args: argparse.Namespace) -> int:
+    check_rows(args)
     _require_torch()
     # torchdata calls a deprecated torch API on some version pairs; not ours, keep output clean.
     warnings.filterwarnings("ignore", message=".*set_vital.*")
