@@ -989,3 +989,90 @@ def test_demo_and_bench_need_two_batches(capsys):
         assert len(err.strip().splitlines()) == 1
     rc, _, err = main_rc(capsys, "demo", "--rows", "5", "--shards", "8", "--batch-size", "2")
     assert rc == 2 and "--shards" in err, err
+
+
+# --------------------------------------------------------------------------- special files
+
+
+def _dcp_dir(path, state: dict) -> str:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: single process"
+        dcp.save(
+            {"shardstream/rank0": state},
+            checkpoint_id=str(path),
+            planner=DefaultSavePlanner(flatten_state_dict=False),
+        )
+    return str(path)
+
+
+FIFO_CASES = [
+    "state-file",
+    "state-dcp-metadata",
+    "state-dcp-data",
+    "state-source",
+    "inspect-file",
+    "inspect-dir",
+    "inspect-glob",
+    "inspect-file-url",
+    "inspect-sidecar",
+    "index-file",
+]
+
+
+@pytest.mark.parametrize("case", FIFO_CASES)
+def test_named_pipes_are_refused_not_read(case, tmp_path, pi_data):
+    """A FIFO (or socket, device) where a file is read is one line naming it, exit 2: opening
+    a FIFO waits for a writer, so ``state FIFO`` and ``inspect FIFO`` hung forever. Run with a
+    timeout: a regression fails instead of hanging."""
+    fifo = str(tmp_path / "pipe.parquet")
+    os.mkfifo(fifo)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(_state_after(pi_data, 2)))
+    data = tmp_path / "data"
+    shutil.copytree(pi_data, data)
+    if case == "state-file":
+        argv, named = ["state", fifo], fifo
+    elif case in ("state-dcp-metadata", "state-dcp-data"):
+        d = _dcp_dir(tmp_path / "dcp", _state_after(pi_data, 2))
+        victim = os.path.join(d, ".metadata")
+        if case == "state-dcp-data":
+            (victim,) = (os.path.join(d, n) for n in os.listdir(d) if n.endswith(".distcp"))
+        os.remove(victim)
+        os.mkfifo(victim)
+        argv, named = ["state", d], victim
+    elif case == "state-source":
+        argv, named = ["state", str(state), "--source", fifo], fifo
+    elif case == "inspect-file":
+        argv, named = ["inspect", fifo], fifo
+    elif case == "inspect-dir":
+        os.mkfifo(data / "zz.parquet")
+        argv, named = ["inspect", str(data)], str(data / "zz.parquet")
+    elif case == "inspect-glob":
+        os.mkfifo(data / "zz.parquet")
+        argv, named = ["inspect", str(data / "*.parquet")], str(data / "zz.parquet")
+    elif case == "inspect-file-url":
+        argv, named = ["inspect", "file://" + fifo], "file://" + fifo
+    elif case == "inspect-sidecar":
+        os.mkfifo(data / "_shardstream_index.json")
+        argv, named = ["inspect", str(data)], str(data / "_shardstream_index.json")
+    else:
+        argv, named = ["index", fifo], fifo
+    proc = run_cli(*argv, timeout=30)
+    assert_clean_error(proc, 2, f"shardstream {argv[0]}: error: {named}: ", "named pipe")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_devices_are_refused_and_directories_still_read(tmp_path, capsys, pi_data):
+    rc, _, err = main_rc(capsys, "state", os.devnull)
+    assert rc == 2 and f"{os.devnull}: not a regular file (a character device)" in err, err
+    d = _dcp_dir(tmp_path / "dcp", _state_after(pi_data, 4))
+    rc, out, err = main_rc(capsys, "state", d, "--source", pi_data, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["states"][0]["emitted"] == 40
+    rc, out, err = main_rc(capsys, "inspect", pi_data, "--json")
+    assert rc == 0 and json.loads(out)["totals"]["rows"] == 800, err

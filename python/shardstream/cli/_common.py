@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -105,6 +106,34 @@ def fraction(text: str) -> float:
             f"expected a fraction strictly between 0 and 1, got {text!r}"
         )
     return value
+
+
+_SPECIAL = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def special_kind(mode: int) -> str | None:
+    """What a file of ``st_mode`` ``mode`` is if it is neither a regular file nor a directory
+    (reading a FIFO or a terminal waits for a writer, forever); None for those two."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((what for test, what in _SPECIAL if test(mode)), "not a regular file")
+
+
+def refuse_special(path: str, expected: str = "a file") -> None:
+    """CliError if ``path`` exists and is a FIFO, socket or device (not followed by a missing
+    or unreadable path: the reader reports those)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    what = special_kind(mode)
+    if what is not None:
+        raise CliError(f"{path}: not a regular file ({what}); expected {expected}")
 
 
 def human_bytes(n: float) -> str:

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import pickle
+import stat
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 from .. import _core, _pickle
 from .. import state as _state
 from ..errors import StateError
-from ._common import CliError, emit_json
+from ._common import CliError, emit_json, refuse_special, special_kind
 
 __all__ = ["add_parser", "check_states", "describe_state", "load_state_file"]
 
@@ -50,10 +51,23 @@ def load_state_file(path: str) -> tuple[Any, str]:
         CliError: missing, unreadable, of none of these formats, or refused (a pickle naming
             a class or function).
     """
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, ".metadata")):
+    expected = "expected a state file or a DCP checkpoint directory"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise CliError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if stat.S_ISDIR(mode):
+        meta = os.path.join(path, ".metadata")
+        if os.path.lexists(meta):
+            refuse_special(meta, "DCP metadata")
             return _load_dcp(path), "torch.distributed.checkpoint"
-        raise CliError(f"{path}: is a directory (expected a state file or a DCP checkpoint)")
+        raise CliError(f"{path}: is a directory ({expected})")
+    # Opening a FIFO waits for a writer (forever); a terminal or socket as well.
+    what = special_kind(mode)
+    if what is not None:
+        raise CliError(f"{path}: not a regular file ({what}); {expected}")
     try:
         with open(path, "rb") as f:
             head = f.read(512)
@@ -144,12 +158,19 @@ def _load_dcp(path: str) -> Any:
     # The metadata first, here: torch's loader would log a traceback for each failure.
     try:
         with open(os.path.join(path, ".metadata"), "rb") as f:
-            if not hasattr(_DcpMetadataUnpickler(f).load(), "state_dict_metadata"):
-                raise CliError(f"{path}: its .metadata is not DCP metadata")
+            metadata = _DcpMetadataUnpickler(f).load()
+        if not hasattr(metadata, "state_dict_metadata"):
+            raise CliError(f"{path}: its .metadata is not DCP metadata")
     except (CliError, _pickle.RefusedPickleError) as e:
         raise CliError(f"{path}: {e}" if not isinstance(e, CliError) else str(e)) from None
     except Exception as e:
         raise CliError(f"{path}: its .metadata is not readable DCP metadata: {_first(e)}") from None
+    # The entries' files, where the reader will open them: a FIFO would block it forever.
+    storage = getattr(metadata, "storage_data", None)
+    for info in storage.values() if isinstance(storage, dict) else ():
+        rel = getattr(info, "relative_path", None)
+        if isinstance(rel, str):
+            refuse_special(os.path.join(path, rel), "a DCP data file")
     sd: dict[str, Any] = {}
     try:
         with warnings.catch_warnings():  # "no process group: single process" notes
