@@ -226,6 +226,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._two_phase: tuple[RawResume, list[dict[str, Any]], list[Any]] | None = None
         self._iter: StreamIterator | None = None  # the newest iterator
         self._loaded = False  # _resume came from load_state_dict and no iterator started yet
+        self._asked: int | None = None  # set_epoch()'s epoch until a stream next opens
         self._signals = MainSignals()  # set_epoch() etc. reaching persistent workers
 
     # -- properties ---------------------------------------------------------------------------
@@ -306,6 +307,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._set_epoch(epoch, stacklevel=3)
 
     def _set_epoch(self, epoch: int, stacklevel: int) -> None:
+        self._asked = epoch
         start = self._start_point()
         if self._loaded:
             if start.first_epoch == epoch and set(start.epochs) <= {epoch}:
@@ -507,7 +509,19 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         """The core stream of the newest iterator, at its first ``next()`` (inside the
         DataLoader worker, with the trainer's loader already set up: see ``_layout``)."""
         self._signals.check_moved("ParquetStream")
-        raw = RawStream(self.catalog, self._settings, self._start_point(), self._layout())
+        start, layout = self._start_point(), self._layout()
+        asked, self._asked = self._asked, None
+        if (
+            self._loaded
+            and asked is not None
+            and asked > max(start.epochs, default=asked)
+            and start.pass_ended(self.catalog, self._settings, layout)
+        ):
+            # torchdata's StatefulDataLoader loads its state inside iter(loader), after the
+            # loop's set_epoch(): a state saved at the end of an earlier epoch's pass (after
+            # its last batch, or after the loop) then stands for the pass set_epoch asked for.
+            self._resume = start = start.restart(asked)
+        raw = RawStream(self.catalog, self._settings, start, layout)
         self._loaded = False
         return raw
 

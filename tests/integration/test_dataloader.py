@@ -299,6 +299,41 @@ def test_stateful_dataloader_resume_across_loader_passes(small, num_workers):
     assert loader_keys(loader2) in ([], pass2)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_set_epoch_loop_resumes_exactly_at_an_epoch_end(small, num_workers, drop_last):
+    """The guide's loop (``ds.set_epoch(e)``, then the loader), resumed from a state saved at
+    an epoch's end: after its last batch (resumed at that epoch: nothing more of it, then the
+    next epoch in full; or resumed at the next epoch: that one in full), and after the loop
+    ended (resumed at the next epoch). torchdata loads the state inside ``iter(loader)``, after
+    ``set_epoch``: with 0 workers the next epoch was skipped whole (both states), with 2
+    workers after the last batch."""
+    settings = dict(output="python", batch_size=32, shuffle_buffer=7, seed=2, drop_last=drop_last)
+
+    def run(state, first, last):
+        loader = _sdl(small.root, settings, num_workers)
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for e in range(first, last):
+            loader.dataset.set_epoch(e)
+            out.append(loader_keys(loader))
+        return out
+
+    ref = run(None, 0, 3)
+    assert ref[0] != ref[1] and all(ref)
+    loader = _sdl(small.root, settings, num_workers)
+    loader.dataset.set_epoch(0)
+    it = iter(loader)
+    assert [item_key(next(it), True) for _ in range(len(ref[0]))] == ref[0]
+    at_last = torch_roundtrip(loader.state_dict())
+    assert list(it) == []
+    ended = torch_roundtrip(loader.state_dict())
+    assert run(at_last, 0, 3) == [[], ref[1], ref[2]]
+    assert run(at_last, 1, 3) == [ref[1], ref[2]]
+    assert run(ended, 1, 3) == [ref[1], ref[2]]
+
+
 @pytest.mark.parametrize("num_workers", [2, 4])
 def test_more_workers_than_rows(shard_factory, num_workers):
     ss = shard_factory(num_shards=2, rows_per_shard=[2, 1], seed=1)

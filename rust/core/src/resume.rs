@@ -511,6 +511,17 @@ impl Resume {
         )
     }
 
+    /// True when the stream of `layout` from here has nothing left in its pass (nothing read):
+    /// a state saved at the end of its pass (`Stream::pass_ended`).
+    pub fn pass_ended(
+        &self,
+        catalog: &Arc<Catalog>,
+        settings: &Settings,
+        layout: Layout,
+    ) -> Result<bool> {
+        Ok(self.stream(catalog, settings, layout)?.pass_ended())
+    }
+
     /// This resume point moved on by `n` items of `layout`'s stream (nothing read).
     pub fn skip(
         &self,

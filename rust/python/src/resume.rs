@@ -168,6 +168,22 @@ impl RawResume {
         state_to_py(py, &st)
     }
 
+    /// True when the stream of `layout` from here has nothing left in its pass (nothing is
+    /// read): a state saved at the end of its pass.
+    fn pass_ended(
+        &self,
+        py: Python<'_>,
+        catalog: &RawCatalog,
+        settings: &RawSettings,
+        layout: (u64, u64, u64, u64),
+    ) -> PyResult<bool> {
+        let layout = crate::stream::layout(py, settings, layout)?;
+        let cat = catalog.inner.clone();
+        detach(py, || {
+            self.inner.pass_ended(&cat, &settings.settings, layout)
+        })
+    }
+
     /// This resume point moved on by `n` items of `layout`'s stream (nothing is read).
     fn skip(
         &self,

@@ -210,6 +210,25 @@ impl Stream {
         self.standard_spec().output_len() == 0 && self.specs.iter().all(|(e, _)| *e <= self.epoch)
     }
 
+    /// True when this pass has no item left from here, decided on coordinates (nothing read):
+    /// past its last epoch, or at the end of an epoch after which the pass has no rows (the
+    /// rule `skip` and `next_batch` follow), a short last batch that `drop_last` drops counting
+    /// as nothing. A packing stream whose packer still holds documents has rows left.
+    pub fn pass_ended(&self) -> bool {
+        if self.pack.as_ref().is_some_and(|p| !p.refs().is_empty()) {
+            return false;
+        }
+        let end = self.end_epoch();
+        if end.is_some_and(|e| self.epoch >= e) {
+            return true;
+        }
+        let left = self.spec.output_len() - self.emitted;
+        let dropped = self.pack.is_none()
+            && self.settings.drops_short()
+            && left < self.settings.item_rows().max(1);
+        (left == 0 || dropped) && (end == Some(self.epoch + 1) || self.nothing_after())
+    }
+
     /// `(epoch, rows emitted in it)` of the next output row: at the end of an epoch that is the
     /// start of the next one (unless the pass ends there).
     pub fn position(&self) -> (u64, u64) {
