@@ -17,7 +17,7 @@ import os
 
 import pytest
 from shardstream import ParquetStream
-from trainer_jobs import N_ROWS, global_steps, job_main, run_job
+from trainer_jobs import N_ROWS, accelerator, global_steps, job_main, refusal, run_job
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -45,13 +45,6 @@ def reference(source: str, nw: int) -> list[list[int]]:
 # ------------------------------------------------------------------------------------ the job
 
 
-def _accelerator(**config):
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration
-
-    return Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**config))
-
-
 def _loader(spec, ds=None, drop_last: bool = True):
     from torch.utils.data import DataLoader
 
@@ -65,7 +58,7 @@ def _train(spec, world: int, save: str | None = None, load: str | None = None) -
     import torch
     from shardstream.integrations.accelerate import register
 
-    acc = _accelerator(use_stateful_dataloader=True, split_batches=True)
+    acc = accelerator(use_stateful_dataloader=True, split_batches=True)
     register(acc)
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -85,14 +78,6 @@ def _train(spec, world: int, save: str | None = None, load: str | None = None) -
     return seen
 
 
-def _refusal(fn) -> str:
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return "no error"
-
-
 def _refusals(spec, world: int) -> dict:
     """What the stream says under the settings it cannot be exact with (every process raises)."""
     from accelerate.data_loader import prepare_data_loader
@@ -102,26 +87,26 @@ def _refusals(spec, world: int) -> dict:
     def iterate(acc, ds=None):
         next(iter(acc.prepare(_loader(spec, ds))))
 
-    out["unregistered"] = _refusal(
-        lambda: iterate(_accelerator(use_stateful_dataloader=True, split_batches=True))
+    out["unregistered"] = refusal(
+        lambda: iterate(accelerator(use_stateful_dataloader=True, split_batches=True))
     )
-    out["no_split"] = _refusal(lambda: iterate(_accelerator(use_stateful_dataloader=True)))
-    out["no_dispatch"] = _refusal(lambda: iterate(_accelerator(dispatch_batches=False)))
-    out["no_dispatch_prepare"] = _refusal(
+    out["no_split"] = refusal(lambda: iterate(accelerator(use_stateful_dataloader=True)))
+    out["no_dispatch"] = refusal(lambda: iterate(accelerator(dispatch_batches=False)))
+    out["no_dispatch_prepare"] = refusal(
         lambda: next(iter(prepare_data_loader(_loader(spec), dispatch_batches=False)))
     )
-    out["workers"] = _refusal(
-        lambda: next(iter(_accelerator().prepare(_loader({**spec, "nw": 2}, None, False))))
+    out["workers"] = refusal(
+        lambda: next(iter(accelerator().prepare(_loader({**spec, "nw": 2}, None, False))))
     )
-    out["ranked"] = _refusal(
-        lambda: iterate(_accelerator(), ParquetStream(spec["source"], **DATA, rank=0, world_size=2))
+    out["ranked"] = refusal(
+        lambda: iterate(accelerator(), ParquetStream(spec["source"], **DATA, rank=0, world_size=2))
     )
     return out
 
 
 def _default_epoch(spec, world: int) -> list:
     """accelerate's defaults, no resume: ``Accelerator().prepare(DataLoader(stream, 16))``."""
-    acc = _accelerator()
+    acc = accelerator()
     return [b["id"].tolist() for b in acc.prepare(_loader(spec, drop_last=False))]
 
 

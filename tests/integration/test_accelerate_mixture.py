@@ -14,7 +14,7 @@ import os
 
 import pytest
 from shardstream import Mixture, Pack, ParquetStream
-from trainer_jobs import global_steps, job_main, run_job
+from trainer_jobs import accelerator, global_steps, job_main, refusal, run_job
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -48,13 +48,6 @@ def reference(spec, nw: int) -> list[list[int]]:
 # ------------------------------------------------------------------------------------ the job
 
 
-def _accelerator(**config):
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration
-
-    return Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**config))
-
-
 def _loader(ds, nw: int):
     from torch.utils.data import DataLoader
 
@@ -66,7 +59,7 @@ def _train(spec, nw: int, save: str | None = None, load: str | None = None) -> l
     ``load_state(load)`` first. Returns the ids of every step's batch on this process."""
     from shardstream.integrations.accelerate import register
 
-    acc = _accelerator(use_stateful_dataloader=True, split_batches=True)
+    acc = accelerator(use_stateful_dataloader=True, split_batches=True)
     register(acc)
     dl = acc.prepare(_loader(_mixture(spec), nw))
     if load:
@@ -79,14 +72,6 @@ def _train(spec, nw: int, save: str | None = None, load: str | None = None) -> l
     return seen
 
 
-def _refusal(fn) -> str:
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return "no error"
-
-
 def job(spec, rank: int, world: int) -> dict:
     out = {}
     for nw in (0, 2):
@@ -95,9 +80,9 @@ def job(spec, rank: int, world: int) -> dict:
         out[f"resumed/{nw}"] = _train(spec, nw, load=ckpt)
     if world > 1:  # refused on every process, not only on process 0 (which reads)
         packed = _mixture(spec, ["id", "tokens"], pack=Pack(column="tokens", seq_len=8))
-        out["packed"] = _refusal(lambda: next(iter(_accelerator().prepare(_loader(packed, 0)))))
-        shard = _accelerator(dispatch_batches=False)
-        out["no_dispatch"] = _refusal(lambda: next(iter(shard.prepare(_loader(_mixture(spec), 2)))))
+        out["packed"] = refusal(lambda: next(iter(accelerator().prepare(_loader(packed, 0)))))
+        shard = accelerator(dispatch_batches=False)
+        out["no_dispatch"] = refusal(lambda: next(iter(shard.prepare(_loader(_mixture(spec), 2)))))
     return out
 
 

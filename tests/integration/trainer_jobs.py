@@ -53,6 +53,23 @@ def job_main(job) -> None:
         json.dump({"rank": rank, "world": world, **res}, f)
 
 
+def accelerator(**config):
+    """An accelerate ``Accelerator`` on the CPU with ``DataLoaderConfiguration(**config)``."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    return Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**config))
+
+
+def refusal(fn) -> str:
+    """The message of the ``ValueError`` ``fn()`` raises, or ``"no error"``."""
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
 def global_steps(results: list[dict], key: str) -> list[list[int]]:
     """Per training step, the ids of every rank's batch in rank order (the global batch)."""
     per_rank = [r[key] for r in results]

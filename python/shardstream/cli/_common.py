@@ -57,6 +57,23 @@ def check_rows(args: argparse.Namespace) -> None:
         )
 
 
+def add_data_arguments(p: argparse.ArgumentParser, rows: int, shards: int) -> None:
+    """``--rows`` and ``--shards`` of the generated data (``demo``, ``bench``), checked
+    together by :func:`check_rows`."""
+    p.add_argument(
+        "--rows",
+        type=int_in(2, MAX_ROWS),
+        default=rows,
+        help="total rows, more than --batch-size (%(default)s)",
+    )
+    p.add_argument(
+        "--shards",
+        type=int_in(1, MAX_SHARDS),
+        default=shards,
+        help="shards, at most --rows (%(default)s)",
+    )
+
+
 def int_in(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse ``type``: an int in ``[lo, hi]``; otherwise argparse's usage error, exit 2,
     naming the argument and the range (before the command does any work).

@@ -34,8 +34,8 @@ from typing import Any
 
 from ._common import (
     MAX_ROWS,
-    MAX_SHARDS,
     MAX_SHUFFLE_BUFFER,
+    add_data_arguments,
     check_rows,
     emit_json,
     int_in,
@@ -49,18 +49,7 @@ COLUMNS = ["id", "tokens"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--rows",
-        type=int_in(2, MAX_ROWS),
-        default=200_000,
-        help="total rows, more than --batch-size (%(default)s)",
-    )
-    p.add_argument(
-        "--shards",
-        type=int_in(1, MAX_SHARDS),
-        default=4,
-        help="shards, at most --rows (%(default)s)",
-    )
+    add_data_arguments(p, rows=200_000, shards=4)
     p.add_argument(
         "--batch-size", type=int_in(1, MAX_ROWS), default=1024, help="rows per batch (%(default)s)"
     )

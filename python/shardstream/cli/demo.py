@@ -30,9 +30,9 @@ import numpy as np
 from ._common import (
     MAX_ROWS,
     MAX_SEED,
-    MAX_SHARDS,
     MAX_SHUFFLE_BUFFER,
     MAX_WORKERS,
+    add_data_arguments,
     check_rows,
     fraction,
     int_in,
@@ -52,18 +52,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--rows",
-        type=int_in(2, MAX_ROWS),
-        default=DEFAULTS["rows"],
-        help="total rows, more than --batch-size (%(default)s)",
-    )
-    p.add_argument(
-        "--shards",
-        type=int_in(1, MAX_SHARDS),
-        default=DEFAULTS["shards"],
-        help="shards, at most --rows (%(default)s)",
-    )
+    add_data_arguments(p, rows=DEFAULTS["rows"], shards=DEFAULTS["shards"])
     p.add_argument(
         "--dir",
         default=None,
