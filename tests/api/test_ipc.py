@@ -501,6 +501,31 @@ def test_load_dataset_cache_dir_of_several_splits_asks_for_one(tmp_path):
         ParquetStream(str(tmp_path / "c"))
 
 
+def test_dataset_dict_directory_asks_for_one_split(tmp_path):
+    """A DatasetDict.save_to_disk directory holds one directory per split: read whole, train
+    and test were one mixed stream (every split's rows, silently). It is refused naming its
+    splits and one split's directory, locally, over file:// and walked from a parent; a split's
+    directory reads exactly that split, in state.json's order."""
+    from datasets import Dataset, DatasetDict
+
+    root = tmp_path / "p" / "dd"
+    dd = DatasetDict(
+        {
+            "train": Dataset.from_dict({"id": list(range(30))}),
+            "test": Dataset.from_dict({"id": list(range(100, 112))}),
+        }
+    )
+    dd.save_to_disk(str(root))
+    for src in (str(root), root.as_uri()):
+        with pytest.raises(ValueError, match=rf"DatasetDict.*splits test, train.*{src}/train$"):
+            ParquetStream(src)
+        for split in ("train", "test"):
+            ds = ParquetStream(f"{src}/{split}", output="python")
+            assert [r["id"] for r in ds] == dd[split]["id"], (src, split)
+    with pytest.raises(ValueError, match=r"DatasetDict.*splits test, train"):
+        ParquetStream(str(tmp_path / "p"))
+
+
 def test_inspect_describes_ipc_shards(plain_file_set, capsys):
     import json
 

@@ -16,7 +16,7 @@ use super::compat;
 use super::ipc::{self, Sniffed};
 use super::schema::schema_digest;
 use super::sidecar::INDEX_FILE;
-use super::sources::{common_root, hf_cache_skips, HF_INFO};
+use super::sources::{common_root, hf_cache_skips, refuse_hf_dict, HF_DICT, HF_INFO};
 use super::{Format, RowGroupInfo, Shard};
 use crate::error::{shard_guard, Error, Result};
 use crate::store::{Object, Store};
@@ -132,7 +132,7 @@ pub(super) fn resolve_remote(
                 s
             }
         };
-        let also = [super::sidecar::INDEX_FILE, HF_STATE, HF_INFO];
+        let also = [super::sidecar::INDEX_FILE, HF_STATE, HF_INFO, HF_DICT];
         let mut r = store.resolve(&url, src, &also)?;
         skip_hf_caches(&store, &mut r)?;
         for obj in &r.objects {
@@ -174,6 +174,27 @@ fn skip_hf_caches(store: &Arc<Store>, r: &mut crate::store::Resolved) -> Result<
             None => (String::new(), key.to_string()),
         }
     };
+    // A DatasetDict's prefix: its splits are the next key component below it.
+    for dict_dir in r
+        .also
+        .iter()
+        .map(split)
+        .filter(|(_, n)| n == HF_DICT)
+        .map(|(d, _)| d)
+    {
+        let below = if dict_dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dict_dir}/")
+        };
+        let subdirs: BTreeSet<&str> = (r.objects.iter().chain(&r.also))
+            .filter_map(|o| o.location.as_ref().strip_prefix(below.as_str()))
+            .filter_map(|rest| rest.split_once('/').map(|(d, _)| d))
+            .collect();
+        let subdirs: Vec<&str> = subdirs.into_iter().collect();
+        let url = store.url_of(&object_store::path::Path::from(dict_dir.as_str()));
+        refuse_hf_dict(&url, &[HF_DICT], &subdirs)?;
+    }
     let info_dirs: BTreeSet<String> = r
         .also
         .iter()

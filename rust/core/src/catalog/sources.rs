@@ -101,6 +101,30 @@ pub(crate) fn hf_state_files(text: &[u8], state: &str) -> Result<Option<Vec<Stri
 /// splits. In a directory without `state.json` it marks a `load_dataset` cache directory.
 pub(crate) const HF_INFO: &str = "dataset_info.json";
 
+/// What `DatasetDict.save_to_disk` writes at the top, beside one directory per split.
+pub(crate) const HF_DICT: &str = "dataset_dict.json";
+
+/// An HF `DatasetDict.save_to_disk` directory (`dir`, a path or URL, holding the entries
+/// `names`; `subdirs`: its subdirectories, one per split) would mix its splits if read as one
+/// stream: an error naming them and one split's directory to read instead. Told by the names
+/// alone, as [`hf_cache_skips`] is.
+pub(crate) fn refuse_hf_dict(dir: &str, names: &[&str], subdirs: &[&str]) -> Result<()> {
+    if !names.contains(&HF_DICT) {
+        return Ok(());
+    }
+    let pick = if subdirs.contains(&"train") {
+        "train"
+    } else {
+        subdirs.first().copied().unwrap_or("train")
+    };
+    Err(Error::Config(format!(
+        "{dir}: an HF datasets DatasetDict directory (save_to_disk) holding the splits {}: read \
+         as one stream they would be mixed; name one split's directory, e.g. {}/{pick}",
+        subdirs.join(", "),
+        dir.trim_end_matches('/'),
+    )))
+}
+
 /// The builder and split of a `load_dataset` data file, from its name: `{builder}-{split}.{ext}`
 /// or `{builder}-{split}-{shard:05d}-of-{num_shards:05d}.{ext}` (HF `datasets`' `naming`;
 /// split names are `\w+(\.\w+)*`, so never contain `-`). `None` for other names.
@@ -377,6 +401,11 @@ fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>, ancestors: &mut Vec<(u64, u64)>
     // An HF `load_dataset` cache directory: its `.map()`/`.filter()` caches are not data.
     let names: Vec<std::ffi::OsString> = entries.iter().map(|e| e.file_name()).collect();
     let utf8: Vec<&str> = names.iter().filter_map(|n| n.to_str()).collect();
+    let subdirs: Vec<&str> = (entries.iter().zip(&names))
+        .filter(|(e, _)| e.path().is_dir())
+        .filter_map(|(_, n)| n.to_str())
+        .collect();
+    refuse_hf_dict(&dir.display().to_string(), &utf8, &subdirs)?;
     let skip = hf_cache_skips(&dir.display().to_string(), &utf8)?.unwrap_or_default();
     if !skip.is_empty() {
         entries.retain(|e| e.file_name().to_str().is_none_or(|n| !skip.contains(&n)));
