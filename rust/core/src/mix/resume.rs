@@ -164,7 +164,7 @@ impl MixResume {
                 )));
             }
             if have == 0 {
-                check_comes_back(name, &parsed, &found)?;
+                check_comes_back(name, &parsed)?;
             }
             let src = &cfg.sources[i];
             let r = if found.is_empty() {
@@ -481,12 +481,12 @@ fn changes(cfg: &MixConfig, st: &MixtureState) -> Vec<String> {
 }
 
 /// A source named in `removed` but in no state's `sources` comes back: its position is the
-/// removed states (`found`). Each slot's own state is enough when the source left on this
+/// states in the `removed` lists of `parsed`. Each slot's own state is enough when the source left on this
 /// layout (every removed list holds only its slot's state); after it left on another layout
 /// (a resize: a slot's list holds other slots' states, or none), its position is spread over
 /// every slot's states, and a slot given only its own would start the source over (rows
 /// twice) or lack a share: then every slot's states must be given.
-fn check_comes_back(name: &str, parsed: &[MixtureState], found: &[Value]) -> Result<()> {
+fn check_comes_back(name: &str, parsed: &[MixtureState]) -> Result<()> {
     let lists: Vec<(&MixtureState, &Vec<StreamState>)> = parsed
         .iter()
         .filter_map(|st| st.removed.get(name).map(|l| (st, l)))
@@ -505,23 +505,22 @@ fn check_comes_back(name: &str, parsed: &[MixtureState], found: &[Value]) -> Res
     if own_only {
         return Ok(());
     }
+    // The old slots whose positions these states hold (a state that never read has no slot).
+    let removed: Vec<&StreamState> = lists.iter().flat_map(|(_, list)| list.iter()).collect();
     let mut count = None;
     let mut seen = BTreeSet::new();
     let mut unstarted = 0u32;
-    for v in found {
-        match v.get("slot") {
-            Some(Value::Object(o)) => {
-                let (i, n) = (o.get("index"), o.get("count"));
-                if let (Some(i), Some(n)) = (i.and_then(Value::as_u64), n.and_then(Value::as_u64)) {
-                    seen.insert(i);
-                    count = Some(n);
-                }
+    for st in &removed {
+        match &st.slot {
+            Some(slot) => {
+                seen.insert(slot.index);
+                count = Some(u64::from(slot.count));
             }
-            _ => unstarted += 1,
+            None => unstarted += 1,
         }
     }
     let Some(count) = count else {
-        if found.is_empty() {
+        if removed.is_empty() {
             return Err(Error::State(format!(
                 "source {name:?} comes back, but it was removed when the mixture was resumed on \
                  another layout and these states hold none of its position (the other slots' \
