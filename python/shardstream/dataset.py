@@ -514,12 +514,13 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         if (
             self._loaded
             and asked is not None
-            and asked > max(start.epochs, default=asked)
+            and asked > start.first_epoch
             and start.pass_ended(self.catalog, self._settings, layout)
         ):
             # torchdata's StatefulDataLoader loads its state inside iter(loader), after the
-            # loop's set_epoch(): a state saved at the end of an earlier epoch's pass (after
-            # its last batch, or after the loop) then stands for the pass set_epoch asked for.
+            # loop's set_epoch(): a state saved at the end of a pass that started at an earlier
+            # epoch (after its last batch, or after the loop) then stands for the pass
+            # set_epoch asked for.
             self._resume = start = start.restart(asked)
         raw = RawStream(self.catalog, self._settings, start, layout)
         self._loaded = False

@@ -300,15 +300,17 @@ def test_stateful_dataloader_resume_across_loader_passes(small, num_workers):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_the_set_epoch_loop_resumes_exactly_at_an_epoch_end(small, num_workers, drop_last):
+@pytest.mark.parametrize("drop_last,epochs", [(False, 1), (True, 1), (False, 2)])
+def test_the_set_epoch_loop_resumes_exactly_at_an_epoch_end(small, num_workers, drop_last, epochs):
     """The guide's loop (``ds.set_epoch(e)``, then the loader), resumed from a state saved at
     an epoch's end: after its last batch (resumed at that epoch: nothing more of it, then the
     next epoch in full; or resumed at the next epoch: that one in full), and after the loop
     ended (resumed at the next epoch). torchdata loads the state inside ``iter(loader)``, after
     ``set_epoch``: with 0 workers the next epoch was skipped whole (both states), with 2
-    workers after the last batch."""
-    settings = dict(output="python", batch_size=32, shuffle_buffer=7, seed=2, drop_last=drop_last)
+    workers after the last batch. With ``epochs=2`` a pass is two epochs."""
+    settings = dict(
+        output="python", batch_size=32, shuffle_buffer=7, seed=2, drop_last=drop_last, epochs=epochs
+    )
 
     def run(state, first, last):
         loader = _sdl(small.root, settings, num_workers)
