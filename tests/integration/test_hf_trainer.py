@@ -56,6 +56,18 @@ def reference_epochs(source: str, world: int, nw: int, batch: int = PER_DEVICE) 
     return epochs
 
 
+def reference_endless(source: str, world: int, nw: int, steps: int) -> list:
+    """The first ``steps`` global batches of one endless pass (``epochs=None``)."""
+    import itertools
+
+    from torch.utils.data import DataLoader
+
+    ds = ParquetStream(source, **DATA, epochs=None, rank=0, world_size=1)
+    dl = DataLoader(ds, batch_size=PER_DEVICE, collate_fn=collate, num_workers=nw)
+    base = [b["row_ids"].tolist() for b in itertools.islice(dl, steps * world)]
+    return [sum(base[i : i + world], []) for i in range(0, len(base), world)]
+
+
 # ------------------------------------------------------------------------------------ the job
 
 
@@ -90,11 +102,12 @@ def _train(spec, run: dict, nw: int) -> list:
     trainer = Recording(
         model=GPT2LMHeadModel(config),
         args=args,
-        train_dataset=ParquetStream(spec["source"], **DATA),
+        train_dataset=ParquetStream(spec["source"], **DATA, epochs=run["epochs"]),
         data_collator=collate,
     )
     trainer.seen = []
-    resume = run["resume"] and os.path.join(f"{run['resume']}-{nw}", f"checkpoint-{SAVE_AT}")
+    ckpt = f"checkpoint-{run['ckpt']}"
+    resume = run["resume"] and os.path.join(f"{run['resume']}-{nw}", ckpt)
     trainer.train(resume_from_checkpoint=resume)
     return trainer.seen
 
@@ -110,7 +123,16 @@ def job(spec, rank: int, world: int) -> dict:
     return out
 
 
-def _run(name: str, run_dir, resume=None, batch: int = PER_DEVICE, split=False, steps=34) -> dict:
+def _run(
+    name: str,
+    run_dir,
+    resume=None,
+    batch: int = PER_DEVICE,
+    split=False,
+    steps=34,
+    epochs: int | None = 1,
+    ckpt: int = SAVE_AT,
+) -> dict:
     return dict(
         name=name,
         dir=str(run_dir),
@@ -118,6 +140,8 @@ def _run(name: str, run_dir, resume=None, batch: int = PER_DEVICE, split=False, 
         batch=batch,
         split=split,
         steps=steps,
+        epochs=epochs,
+        ckpt=ckpt,
     )
 
 
@@ -142,6 +166,18 @@ def test_hf_trainer_resume(rows, tmp_path):
             _run("resumed", tmp_path / "run2r", resume=d2, steps=STEPS[2]),
             # split_batches: the loader's batch (16) is the global batch, cut between processes.
             _run("split", ds, batch=2 * PER_DEVICE, split=True, steps=STEPS[2]),
+            # The recipe for runs longer than an epoch: one endless pass, resumed in data epoch
+            # 1 (26 steps an epoch). The Trainer counts an iterable's epochs by max_steps, so
+            # with epochs=1 it would skip past the end of the first pass and start another.
+            _run("endless", tmp_path / "end2", steps=STEPS[2], epochs=None),
+            _run(
+                "endless-resumed",
+                tmp_path / "end2r",
+                resume=tmp_path / "end2",
+                steps=STEPS[2],
+                epochs=None,
+                ckpt=3 * SAVE_AT,
+            ),
         ],
     )
     one = run_job(
@@ -175,6 +211,10 @@ def test_hf_trainer_resume(rows, tmp_path):
             where = f"{world} process(es), {nw} workers"
             assert global_steps(results, f"full/{nw}") == expected, where
             assert global_steps(results, f"resumed/{nw}") == expected[SAVE_AT:], where
+        endless = reference_endless(rows, 2, nw, STEPS[2])
+        assert len(endless) == STEPS[2] > 3 * SAVE_AT > N_ROWS // (2 * PER_DEVICE)
+        assert global_steps(two, f"endless/{nw}") == endless, f"endless, {nw} workers"
+        assert global_steps(two, f"endless-resumed/{nw}") == endless[3 * SAVE_AT :], nw
         # Elastic: checkpoint of 2 processes, resumed by 1, the loader's batch kept (split).
         epochs = reference_epochs(rows, 1, nw, batch=2 * PER_DEVICE)
         expected = (epochs[0] + epochs[1])[: STEPS[2]]
