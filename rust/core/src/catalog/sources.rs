@@ -148,21 +148,21 @@ fn hf_split_of(name: &str) -> Option<(&str, &str)> {
     (!builder.is_empty() && !split.is_empty()).then_some((builder, split))
 }
 
-/// In an HF `datasets` `load_dataset` cache directory (`dir`: a path or URL, holding the
-/// entries `names`), which shard files are not data: `None` when it is not one (no
-/// `dataset_info.json`, or a `state.json`: a `save_to_disk` directory), else the names to
-/// skip. Those are the `cache-*.arrow` files `.map()`, `.filter()` and the like write there
-/// (`cache-{fingerprint}.arrow`, `…_{rank:05d}_of_{n:05d}.arrow` with `num_proc`): other
-/// rows, or indices, not the split's. With the files of several splits it is an error naming
-/// them, as train and test read as one stream would be mixed. Decided from the names alone,
-/// so that a bucket prefix is told by its listing, without a GET.
+/// In an HF `datasets` directory (`dir`: a path or URL, holding the entries `names`; marked by
+/// `dataset_info.json`), which shard files are not data: `None` when it is not one, else the
+/// names to skip. Those are the `cache-*.arrow` files `.map()`, `.filter()` and the like write
+/// beside the data (`cache-{fingerprint}.arrow`, `…_{rank:05d}_of_{n:05d}.arrow` with
+/// `num_proc`): other rows, or indices. In a `load_dataset` cache directory (no `state.json`)
+/// the files of several splits are an error naming them, as train and test read as one stream
+/// would be mixed; a `save_to_disk` directory (`state.json`) holds one split. Decided from the
+/// names alone, so that a bucket prefix is told by its listing, without a GET.
 pub(crate) fn hf_cache_skips<'a>(dir: &str, names: &[&'a str]) -> Result<Option<Vec<&'a str>>> {
-    if !names.contains(&HF_INFO) || names.contains(&"state.json") {
+    if !names.contains(&HF_INFO) {
         return Ok(None);
     }
     let mut skip = Vec::new();
-    // split -> (builder, extension) of one of its files, for the glob the error suggests
-    let mut splits: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
+    // split -> (builder, extension, a file name) of one of its files, for the error
+    let mut splits: BTreeMap<&str, (&str, &str, &str)> = BTreeMap::new();
     for &name in names {
         if !is_shard_name(Path::new(name)) {
             continue;
@@ -171,23 +171,31 @@ pub(crate) fn hf_cache_skips<'a>(dir: &str, names: &[&'a str]) -> Result<Option<
             skip.push(name);
         } else if let Some((builder, split)) = hf_split_of(name) {
             let ext = name.rsplit_once('.').map_or("", |(_, e)| e);
-            splits.entry(split).or_insert((builder, ext));
+            splits.entry(split).or_insert((builder, ext, name));
         }
     }
-    if splits.len() > 1 {
+    if splits.len() > 1 && !names.contains(&"state.json") {
         let list: Vec<&str> = splits.keys().copied().collect();
         let pick = if splits.contains_key("train") {
             "train"
         } else {
             list[0]
         };
-        let (builder, ext) = splits[pick];
+        // The split's one file, or its shards' pattern: `{builder}-{split}*` would also match
+        // a split named like it and longer (`train_extra`, `train.clean`).
+        let (builder, ext, file) = splits[pick];
+        let what = if file == format!("{builder}-{pick}.{ext}") {
+            format!("its file, {}/{file}", dir.trim_end_matches('/'))
+        } else {
+            format!(
+                "its shards with a glob, {}/{builder}-{pick}-?????-of-?????.{ext}",
+                dir.trim_end_matches('/')
+            )
+        };
         return Err(Error::Config(format!(
             "{dir}: an HF datasets load_dataset cache directory holding the splits {}: read \
-             as one stream they would be mixed; name one split's files with a glob, e.g. \
-             {}/{builder}-{pick}*.{ext}",
+             as one stream they would be mixed; name one split's files, e.g. {what}",
             list.join(", "),
-            dir.trim_end_matches('/'),
         )));
     }
     Ok(Some(skip))
@@ -627,17 +635,29 @@ mod tests {
         ];
         assert_eq!(hf_cache_skips("d", &caches).unwrap().unwrap()[0], caches[3]);
         assert_eq!(skips(&caches).unwrap(), Some(2));
-        // save_to_disk directories and plain ones are read as they are
-        assert_eq!(
-            skips(&[&caches[..], &["state.json"]].concat()).unwrap(),
-            None
-        );
+        // a save_to_disk directory (its data: data-*.arrow) skips its caches too; plain
+        // directories are read as they are
+        let saved = [
+            "dataset_info.json",
+            "state.json",
+            "data-00000-of-00001.arrow",
+            caches[3],
+        ];
+        assert_eq!(hf_cache_skips("d", &saved).unwrap(), Some(vec![caches[3]]));
         assert_eq!(skips(&caches[1..]).unwrap(), None);
         let err = skips(&[&caches[..], &["json-test.arrow"]].concat()).unwrap_err();
         let msg = err.to_string();
         assert!(
-            msg.contains("splits test, train") && msg.contains("d/json-train*.arrow"),
+            msg.contains("splits test, train") && msg.contains("d/json-train-?????-of-?????.arrow"),
             "{msg}"
         );
+        // one file: named exactly, as `json-train*` would also match `json-train_extra.arrow`
+        let names = [
+            "dataset_info.json",
+            "json-train.arrow",
+            "json-train_extra.arrow",
+        ];
+        let msg = skips(&names).unwrap_err().to_string();
+        assert!(msg.ends_with("its file, d/json-train.arrow"), "{msg}");
     }
 }
