@@ -680,11 +680,11 @@ fn read_footer(path: &Path, root: &Path) -> Result<Shard> {
     let fs_meta = file.metadata().map_err(|e| Error::io(path, e))?;
     let size = fs_meta.len();
     let kind = sniff_file(&file, path, size)?;
-    if kind == Sniffed::Parquet {
-        use std::os::unix::fs::FileExt;
-        let mut head = [0u8; 4];
-        let n = file.read_at(&mut head, 0).map_err(|e| Error::io(path, e))?;
-        if ipc::named_ipc_but_not(path, &head[..n], &[]) {
+    // Only a file named as IPC is read again (its first bytes): a Parquet shard costs nothing.
+    if kind == Sniffed::Parquet && ipc::named_ipc(path) {
+        use ipc::ReadAt;
+        let head = (&file, path).read_at(0..size.min(4))?;
+        if ipc::named_ipc_but_not(path, &head, &[]) {
             return Err(ipc::not_ipc(path, size));
         }
     }

@@ -129,13 +129,16 @@ const IPC_EXTENSIONS: [&str; 4] = ["arrow", "feather", "arrows", "ipc"];
 /// readable Parquet file", naming a format the file never claimed. A file with Parquet's
 /// magic is still read as Parquet, whatever its name.
 pub(crate) fn named_ipc_but_not(path: &Path, head: &[u8], tail: &[u8]) -> bool {
-    let named = path
-        .extension()
-        .is_some_and(|e| IPC_EXTENSIONS.iter().any(|x| e == *x));
     // `PAR1`, or `PARE` (encrypted footer): a Parquet file starts and ends with one of them.
     let parquet = |b: &[u8]| b.starts_with(b"PAR1") || b.starts_with(b"PARE");
     let ends_parquet = tail.ends_with(b"PAR1") || tail.ends_with(b"PARE");
-    named && !parquet(head) && !ends_parquet
+    named_ipc(path) && !parquet(head) && !ends_parquet
+}
+
+/// Is `path` named as Arrow IPC (one of [`IPC_EXTENSIONS`])?
+pub(crate) fn named_ipc(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| IPC_EXTENSIONS.iter().any(|x| e == *x))
 }
 
 /// The error for a file [`named_ipc_but_not`]: an empty one (a writer that died before its

@@ -406,15 +406,20 @@ fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>, ancestors: &mut Vec<(u64, u64)>
     }
     // Sorted, so that which of two loop links is reported does not depend on the file system.
     entries.sort_by_key(|e| e.file_name());
-    // An HF `load_dataset` cache directory: its `.map()`/`.filter()` caches are not data.
+    // HF `datasets` directories: a DatasetDict's splits are not one stream, and the
+    // `.map()`/`.filter()` caches beside a split's files are not data.
     let names: Vec<std::ffi::OsString> = entries.iter().map(|e| e.file_name()).collect();
     let utf8: Vec<&str> = names.iter().filter_map(|n| n.to_str()).collect();
-    let subdirs: Vec<&str> = (entries.iter().zip(&names))
-        .filter(|(e, _)| e.path().is_dir())
-        .filter_map(|(_, n)| n.to_str())
-        .collect();
-    refuse_hf_dict(&dir.display().to_string(), &utf8, &subdirs)?;
-    let skip = hf_cache_skips(&dir.display().to_string(), &utf8)?.unwrap_or_default();
+    let shown = dir.display().to_string();
+    if utf8.contains(&HF_DICT) {
+        // (only then: a stat of every entry of every directory walked would be wasted)
+        let subdirs: Vec<&str> = (entries.iter().zip(&names))
+            .filter(|(e, _)| e.path().is_dir())
+            .filter_map(|(_, n)| n.to_str())
+            .collect();
+        refuse_hf_dict(&shown, &utf8, &subdirs)?;
+    }
+    let skip = hf_cache_skips(&shown, &utf8)?.unwrap_or_default();
     if !skip.is_empty() {
         entries.retain(|e| e.file_name().to_str().is_none_or(|n| !skip.contains(&n)));
     }
