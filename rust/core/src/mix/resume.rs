@@ -481,11 +481,11 @@ fn changes(cfg: &MixConfig, st: &MixtureState) -> Vec<String> {
 }
 
 /// A source named in `removed` but in no state's `sources` comes back: its position is the
-/// states in the `removed` lists of `parsed`. Each slot's own state is enough when the source left on this
-/// layout (every removed list holds only its slot's state); after it left on another layout
-/// (a resize: a slot's list holds other slots' states, or none), its position is spread over
-/// every slot's states, and a slot given only its own would start the source over (rows
-/// twice) or lack a share: then every slot's states must be given.
+/// states in the `removed` lists of `parsed`. Each slot's own state is enough when the source
+/// left on this layout (every removed list holds only its slot's state); after it left on
+/// another layout (a resize: a slot's list holds other slots' states, or none), its position is
+/// spread over every slot's states, and a slot given only its own would start the source over
+/// (rows twice) or lack a share: then every slot's states must be given.
 fn check_comes_back(name: &str, parsed: &[MixtureState]) -> Result<()> {
     let lists: Vec<(&MixtureState, &Vec<StreamState>)> = parsed
         .iter()
