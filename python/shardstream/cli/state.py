@@ -131,11 +131,7 @@ def _load_dcp(path: str) -> Any:
     # Subclasses made here (torch is optional): the reader's metadata and the planner's entries
     # read safely, everything else as torch does it.
     def read_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
-        meta_path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(meta_path, "rb") as f:
-            metadata = _DcpMetadataUnpickler(f).load()
-        if not hasattr(metadata, "state_dict_metadata"):
-            raise CliError(f"{path}: its .metadata is not DCP metadata")
+        # The metadata read and checked below (before the load, which calls this): not twice.
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
