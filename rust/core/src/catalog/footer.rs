@@ -202,16 +202,16 @@ fn skip_hf_caches(store: &Arc<Store>, r: &mut crate::store::Resolved) -> Result<
         .filter(|(_, name)| name == HF_INFO)
         .map(|(dir, _)| dir)
         .collect();
+    // The names in each of those directories, in one pass over the listing (not one per
+    // directory: a prefix may hold many HF directories and many objects).
+    let mut by_dir: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (dir, name) in r.objects.iter().chain(&r.also).map(split) {
+        if info_dirs.contains(&dir) {
+            by_dir.entry(dir).or_default().push(name);
+        }
+    }
     let mut drop: BTreeSet<String> = BTreeSet::new();
-    for dir in &info_dirs {
-        let names: Vec<String> = r
-            .objects
-            .iter()
-            .chain(&r.also)
-            .map(split)
-            .filter(|(d, _)| d == dir)
-            .map(|(_, name)| name)
-            .collect();
+    for (dir, names) in &by_dir {
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let url = store.url_of(&object_store::path::Path::from(dir.as_str()));
         for name in hf_cache_skips(&url, &refs)?.unwrap_or_default() {
