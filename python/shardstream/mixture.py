@@ -404,8 +404,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         self._pickled_resume: list[dict[str, Any]] | None = None
         self._iter: StreamIterator | None = None
         self._loaded = False
+        self._asked: int | None = None  # set_epoch()'s epoch until a stream next opens
         self._warned: set[str] = set()  # sources warned of as barren in this process
-        self._signals = MainSignals()  # a load_state_dict() persistent workers cannot follow
+        self._signals = MainSignals()  # set_epoch() and load_state_dict() for persistent workers
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -538,7 +539,12 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
     def set_epoch(self, epoch: int) -> None:
         """For trainers that call ``set_epoch`` as every pass starts (accelerate's loaders, so
         the HF ``Trainer``): a mixture has no epochs of its own (each source runs through its
-        own as it is mixed, and ``load_state_dict`` places it), so this does not move it.
+        own as it is mixed, and ``load_state_dict`` places it), so this does not move it. The
+        pass it starts saves the epoch in its states, so that a state saved at the end of a pass
+        (after its last item, or after the loop) and loaded before a later epoch's pass starts
+        the mixture over there, as the uninterrupted loop did (torchdata's ``StatefulDataLoader``
+        loads its state after the loop's ``set_epoch``); loaded for its own epoch, that pass has
+        nothing left. Persistent DataLoader workers see it when their next pass starts.
 
         Under an accelerate loader it checks the loader's settings on every process (a refused
         one raises on all of them, not only on process 0, which reads) and restarts DataLoader
@@ -548,9 +554,14 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         """
         _int(epoch, "epoch")
         _slots._accelerate.before_epoch(self, self._world_size)
+        self._signals.set_epoch(epoch)  # persistent DataLoader workers see it at their iter()
+        self._asked = epoch
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        epoch = self._signals.new_epoch()  # a persistent worker's next pass
+        if epoch is not None:
+            self._asked = epoch
         self._start_point()
         conv: Any = PackConverter(self._output) if self._packed else _MixConverter(self, self.raw)
         self._iter = make_iterator(self, conv, self.batch_size is not None)
@@ -559,6 +570,20 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
     def _open_stream(self) -> RawMixStream:
         self._signals.check_moved("Mixture")
         layout, start, loaded = self._layout(), self._start_point(), self._loaded
+        asked, self._asked = self._asked, None
+        if asked is not None:
+            if (
+                loaded
+                and start.epoch is not None
+                and asked > start.epoch
+                and start.pass_ended(self.raw, layout)
+            ):
+                # torchdata's StatefulDataLoader loads its state inside iter(loader), after the
+                # loop's set_epoch(): a state saved at the end of an earlier epoch's pass (after
+                # its last item, or after the loop) then stands for the pass set_epoch asked
+                # for, which starts the mixture over as the uninterrupted loop's did.
+                start = RawMixResume.start(self.raw)
+            self._resume = start = start.with_epoch(asked)
         raw = RawMixStream(self.raw, start, layout)
         self._loaded = False
         if start.at_start and not loaded:  # (a loaded source may rightly have no rows left)

@@ -128,6 +128,115 @@ def test_set_epoch_does_not_move_a_mixture(data):
         fresh.set_epoch(-1)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch_size=7),
+        dict(batch_size=7, drop_last=True, mixing="stratified"),
+        dict(batch_size=4, on_exhausted={"math": "stop"}, samples=None),
+        dict(batch_size=None),
+    ],
+    ids=["samples", "drop_last", "stop", "rows"],
+)
+def test_the_set_epoch_loop_resumes_exactly_at_the_mixture_end(data, num_workers, kw):
+    """The guide's loop (``set_epoch(e)``, then the loader) over a mixture that ends (its
+    ``samples``, a ``"stop"`` source), through a StatefulDataLoader, resumed from a state saved
+    at a pass's end: after its last batch (resumed at that epoch: nothing more, then full
+    passes; or, batched by the mixture, at the next epoch: a full pass), and after the loop
+    ended (resumed at the next epoch). torchdata loads the state inside ``iter(loader)``, after
+    ``set_epoch``: the resumed loop had an empty pass (two in row mode with 0 workers) where the
+    uninterrupted loop starts the mixture over."""
+    rows = kw.get("batch_size") is None
+
+    def make():  # fresh sources for each mixture, of the ids only (rows collate)
+        return mix(data, **{**kw, "sources": sources(data, columns=("id",))})
+
+    def run(state, first, last=3):
+        m = make()
+        loader = StatefulDataLoader(m, batch_size=8 if rows else None, num_workers=num_workers)
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for e in range(first, last):
+            loader.dataset.set_epoch(e)
+            out.append([key(b, True) for b in loader])
+        return out
+
+    ref = run(None, 0)
+    assert ref[0] and ref[1] == ref[0] == ref[2]  # an ended mixture starts over
+    loader = StatefulDataLoader(make(), batch_size=8 if rows else None, num_workers=num_workers)
+    loader.dataset.set_epoch(0)
+    it = iter(loader)
+    assert [key(next(it), True) for _ in range(len(ref[0]))] == ref[0]
+    at_last = torch_roundtrip(loader.state_dict())
+    assert list(it) == []
+    ended = torch_roundtrip(loader.state_dict())
+    assert run(at_last, 0) == [[], ref[1], ref[2]]
+    assert run(ended, 1) == [ref[1], ref[2]]
+    if not rows or num_workers:
+        # (in row mode with 0 workers torchdata restores that its fetcher ended: the rule of
+        # docs/guide.md "Epochs and passes", resume there at the state's own epoch)
+        assert run(at_last, 1) == [ref[1], ref[2]]
+
+
+def test_a_mixture_state_records_the_set_epoch_of_its_pass(data):
+    """``epoch`` in the state: absent until set_epoch, then the pass's; a state without it
+    (saved before set_epoch, or by an earlier release) loads as before, and states that
+    disagree load as if none had one."""
+    m = mix(data, batch_size=7)
+    assert "epoch" not in m.state_dict()
+    it = iter(m)
+    next(it)
+    assert "epoch" not in m.state_dict()
+    m = mix(data, batch_size=7)
+    m.set_epoch(5)
+    it = iter(m)
+    next(it)
+    st = m.state_dict()
+    assert st["epoch"] == 5
+    rest = [key(x, True) for x in it]
+    ended = m.state_dict()
+    assert ended["epoch"] == 5
+    for bad in (-1, "5", 1.5, True):
+        with pytest.raises(StateError, match="epoch"):
+            mix(data, batch_size=7).load_state_dict({**st, "epoch": bad})
+    # a state of the pass's end, loaded for a later epoch, starts over; without its epoch (or
+    # loaded for its own epoch) that pass has nothing left
+    full = keys(mix(data, batch_size=7))
+    for state, epoch, want in (
+        (ended, 6, full),
+        (ended, 5, []),
+        ({k: v for k, v in ended.items() if k != "epoch"}, 6, []),
+    ):
+        r = mix(data, batch_size=7)
+        r.load_state_dict(state)
+        r.set_epoch(epoch)
+        assert keys(r) == want, (epoch, "epoch" in state)
+    r = mix(data, batch_size=7)
+    r.load_state_dict(st)
+    r.set_epoch(6)  # mid-pass: the loaded position continues, whatever the epoch
+    assert keys(r) == rest
+
+
+def test_persistent_workers_record_the_epoch_of_their_pass(data):
+    """With ``persistent_workers=True`` the workers' copies live across passes: the epoch each
+    pass's states record is the one ``set_epoch`` gave it in the main process."""
+    from shardstream.state import gather
+
+    loader = StatefulDataLoader(
+        mix(data, batch_size=7), batch_size=None, num_workers=2, persistent_workers=True
+    )
+    for e in (3, 4):
+        loader.dataset.set_epoch(e)
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        states = gather(loader.state_dict())
+        assert [s["epoch"] for s in states] == [e, e]
+        del it
+
+
 def test_stop_ends_right_after_the_stop_source_and_drop_takes_every_row(data):
     # math stops the mixture: its 17 rows, then nothing.
     got = flat(keys(mix(data, on_exhausted={"math": "stop"}, samples=None, batch_size=4)))
@@ -922,6 +1031,7 @@ def test_cli_state_shows_each_source(data, tmp_path, capsys):
     from shardstream.state import gather
 
     loader = _loader(data, 2, batch_size=6, output="torch")
+    loader.dataset.set_epoch(4)
     it = iter(loader)
     for _ in range(9):
         next(it)
@@ -937,6 +1047,7 @@ def test_cli_state_shows_each_source(data, tmp_path, capsys):
         assert got["format"] == "shardstream.Mixture" and got["started"] is True
         assert got["items"] == st["mixer"]["items"] > 0
         assert got["left"] == st["mixer"]["left"]
+        assert got["set_epoch"] == st["epoch"] == 4
         assert got["weights"]["points"][0]["weights"] == pytest.approx(
             {"web": 0.6, "code": 0.3, "math": 0.1}, abs=1e-9
         )
@@ -952,6 +1063,7 @@ def test_cli_state_shows_each_source(data, tmp_path, capsys):
     assert cli.main(["state", str(ckpt)]) == 0
     text = capsys.readouterr().out
     assert text.count("source web") == 2 and "items taken; epoch" in text
+    assert len(re.findall(r"\n  set_epoch +4 \(the epoch set_epoch gave the pass", text)) == 2
     # --source checks ParquetStream states: a mixture's is bad input (2, not a mismatch's 1),
     # saying how to check it instead.
     assert cli.main(["state", str(ckpt), "--source", data["web"].root]) == 2
@@ -964,6 +1076,7 @@ def test_cli_state_shows_each_source(data, tmp_path, capsys):
     text = capsys.readouterr().out
     assert re.search(r"\n  slot +none \(nothing read yet\)\n", text)
     assert re.search(r"\n  items +0 yielded \(samples=400 over all slots\)\n", text)
+    assert "set_epoch" not in text
 
 
 def test_only_the_newest_iterator_owns_the_position(data):

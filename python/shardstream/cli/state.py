@@ -253,12 +253,12 @@ def describe_state(st: dict[str, Any]) -> dict[str, Any]:
 
     A mixture's state (``shardstream.Mixture``) has the keys ``format``, ``version``,
     ``started``, ``slot``, ``items`` (this slot's), ``left`` (items it may still yield),
-    ``settings``, ``weights`` (as fractions), ``sources`` (per source: ``items`` taken,
-    ``active``, ``epoch``, ``emitted``, ``cursor``, ``buffer_rows``, ``percent``,
-    ``settings``, ``policy``), ``removed`` (per removed source, how many of its states this one
-    holds), ``removed_spread`` (the removed sources whose position is spread over every slot's
-    state: they left at a resize, and adding one back needs every slot's state) and
-    ``problems``.
+    ``set_epoch`` (the epoch ``set_epoch`` gave the pass, or None), ``settings``, ``weights``
+    (as fractions), ``sources`` (per source: ``items`` taken, ``active``, ``epoch``,
+    ``emitted``, ``cursor``, ``buffer_rows``, ``percent``, ``settings``, ``policy``),
+    ``removed`` (per removed source, how many of its states this one holds),
+    ``removed_spread`` (the removed sources whose position is spread over every slot's state:
+    they left at a resize, and adding one back needs every slot's state) and ``problems``.
 
     A map-style sampler's state (``shardstream.Sampler``): see :func:`_describe_sampler`.
 
@@ -392,6 +392,7 @@ def _describe_mixture(parsed: dict[str, Any]) -> dict[str, Any]:
         "slot": parsed["slot"],
         "items": mixer["items"] if mixer else 0,
         "left": mixer["left"] if mixer else parsed["settings"]["samples"],
+        "set_epoch": parsed.get("epoch"),
         "settings": parsed["settings"],
         "weights": {
             "kind": parsed["weights"]["kind"],
@@ -436,6 +437,8 @@ def _mixture_lines(d: dict[str, Any], error: Any) -> list[tuple[str, str]]:
     else:
         left = "no limit" if d["left"] is None else f"{d['left']:,} left"
         add(("items", f"{d['items']:,} yielded by this slot ({left})"))
+    if d["set_epoch"] is not None:
+        add(("set_epoch", f"{d['set_epoch']} (the epoch set_epoch gave the pass it was saved in)"))
     pts = d["weights"]["points"]
     desc = "; ".join(
         f"from item {p['at']:,}: " + " ".join(f"{n}={w:.4g}" for n, w in p["weights"].items())

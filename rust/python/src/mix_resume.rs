@@ -74,6 +74,34 @@ impl RawMixResume {
         self.inner.at_start()
     }
 
+    /// The epoch `set_epoch` gave the pass this position is in (`None`: never called, or the
+    /// loaded states disagree).
+    #[getter]
+    fn epoch(&self) -> Option<u64> {
+        self.inner.epoch()
+    }
+
+    /// This position as the pass `set_epoch(epoch)` started: its states say that epoch.
+    #[pyo3(signature = (epoch))]
+    fn with_epoch(&self, epoch: Option<u64>) -> Self {
+        RawMixResume {
+            inner: self.inner.with_epoch(epoch),
+        }
+    }
+
+    /// True when a stream of `layout` started here has no item left (decided on coordinates,
+    /// nothing read): a state saved at the end of its pass.
+    fn pass_ended(
+        &self,
+        py: Python<'_>,
+        mixture: &RawMixture,
+        layout: (u64, u64, u64, u64),
+    ) -> PyResult<bool> {
+        let layout = crate::mix_stream::layout(py, mixture, layout)?;
+        let cfg = mixture.inner.clone();
+        detach(py, || self.inner.pass_ended(&cfg, layout))
+    }
+
     /// The state a stream of `layout` (rank, world_size, worker, num_workers) would save now.
     fn state_dict<'py>(
         &self,

@@ -55,6 +55,9 @@ pub struct MixResume {
     even: Even,
     /// Weights, policies or sources differ from the saved ones: the mixers rebase.
     changed: bool,
+    /// The epoch `set_epoch` gave the pass (`MixtureState::epoch`): loaded states' when they
+    /// agree, else none.
+    epoch: Option<u64>,
 }
 
 impl MixResume {
@@ -65,11 +68,30 @@ impl MixResume {
             loaded: Vec::new(),
             even: Even::Off,
             changed: false,
+            epoch: None,
         }
     }
 
     pub fn at_start(&self) -> bool {
         self.loaded.is_empty()
+    }
+
+    pub fn epoch(&self) -> Option<u64> {
+        self.epoch
+    }
+
+    /// This position as the pass `set_epoch(epoch)` started (what its states will say).
+    pub fn with_epoch(&self, epoch: Option<u64>) -> MixResume {
+        MixResume {
+            epoch,
+            ..self.clone()
+        }
+    }
+
+    /// True when a stream of `layout` started here would have no item: a state saved at the
+    /// end of its pass ([`MixStream::pass_ended`]).
+    pub fn pass_ended(&self, cfg: &std::sync::Arc<MixConfig>, layout: Layout) -> Result<bool> {
+        Ok(MixStream::resume(cfg.clone(), layout, None, self)?.pass_ended())
     }
 
     pub(crate) fn source(&self, i: usize) -> &Resume {
@@ -114,6 +136,9 @@ impl MixResume {
         let Some(first) = parsed.first() else {
             return Ok(MixResume::start(cfg));
         };
+        let epoch = first
+            .epoch
+            .filter(|_| parsed.iter().all(|s| s.epoch == first.epoch));
         if parsed.iter().any(|s| {
             s.weights != first.weights
                 || s.policies != first.policies
@@ -253,6 +278,7 @@ impl MixResume {
             loaded,
             even,
             changed: !changes.is_empty(),
+            epoch,
         })
     }
 
@@ -411,6 +437,7 @@ impl MixResume {
                 sources,
                 removed: BTreeMap::new(),
                 pack: None,
+                epoch: self.epoch,
             });
         }
         MixStream::resume(cfg.clone(), layout, None, self)?.checkpoint(None)

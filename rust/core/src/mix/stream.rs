@@ -86,6 +86,8 @@ pub struct MixStream {
     ended: bool,
     /// Packing after mixing (`packed.rs`): the packer of the mixed documents.
     packer: Option<crate::pack::Packer>,
+    /// The epoch `set_epoch` gave this pass (written in its states).
+    epoch: Option<u64>,
 }
 
 impl MixStream {
@@ -140,6 +142,7 @@ impl MixStream {
             pulled: vec![false; k],
             ended: false,
             packer,
+            epoch: resume.epoch(),
         };
         // Each source's own state against the mixer's: a source that left the mix has no rows
         // left, and a stratified block (served in its order before exhaustion is looked at, so
@@ -442,6 +445,7 @@ impl MixStream {
             sources: names.iter().cloned().zip(sources).collect(),
             removed: self.removed.clone(),
             pack: self.packer.as_ref().map(|p| packed::named_refs(&names, p)),
+            epoch: self.epoch,
         }
     }
 
@@ -449,10 +453,47 @@ impl MixStream {
     /// or once it has ended, the start of the pass again.
     pub fn resume_point(&mut self, within: Option<usize>) -> Result<MixResume> {
         if self.ended {
-            return Ok(MixResume::start(&self.cfg));
+            return Ok(MixResume::start(&self.cfg).with_epoch(self.epoch));
         }
         let st = self.checkpoint(within)?;
         MixResume::load(&self.cfg, vec![st.to_value()], false, true)
+    }
+
+    /// True when this mixture has no item left from here, decided on the mixer's and the
+    /// sources' coordinates (nothing read): the mixing rule has no next item (the `samples`
+    /// were all yielded, a `stop` source ran out, no source with weight has rows left), or only
+    /// a short last batch that `drop_last` drops. Where the end depends on documents not yet
+    /// read it counts as not ended: a packer that still holds documents, or sources that pack
+    /// on their own (each found run out only when asked for a row).
+    pub fn pass_ended(&self) -> bool {
+        if self.ended {
+            return true;
+        }
+        if self
+            .packer
+            .as_ref()
+            .is_some_and(|p| !p.refs_with_sources().is_empty())
+        {
+            return false;
+        }
+        let mut mixer = self.mixer.clone();
+        if self.cfg.source_pack.is_some() {
+            return mixer.peek(&per_source::avail(&mixer, &[])).is_none();
+        }
+        let mut avail = self.avail();
+        // A packer makes rows while documents are left, so one item decides.
+        let bs = self
+            .cfg
+            .settings
+            .batch_size
+            .filter(|_| self.packer.is_none());
+        let n = bs.unwrap_or(1);
+        let mut got = 0u64;
+        while got < n && mixer.peek(&avail).is_some() {
+            mixer.take(&mut avail);
+            got += 1;
+        }
+        got == 0 || (self.cfg.settings.drop_last && got < n)
     }
 
     /// The sources (indexes, name order) that have weight at some point of the schedule and

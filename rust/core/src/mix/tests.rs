@@ -298,6 +298,33 @@ fn spec_strategy() -> impl Strategy<Value = (Vec<Vec<usize>>, Spec)> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
 
+    /// `pass_ended` (decided on coordinates) says exactly whether the next item is `None`,
+    /// before every item of a run and for a stream resumed from the state saved there (what
+    /// the Python layer asks of a loaded state), `samples`, `stop` sources and `drop_last`
+    /// included.
+    #[test]
+    fn pass_ended_is_whether_the_next_item_is_none((rows, mut s) in spec_strategy(), few in any::<bool>()) {
+        if few {
+            s.samples = Some(7); // the end by `samples`, often inside a batch
+        }
+        let f = fixture(&rows);
+        let cfg = config(&f, &s, None);
+        let l = layout(0, 1, s.even);
+        let mut a = open(&cfg, l, &MixResume::start(&cfg));
+        loop {
+            let ended = a.pass_ended();
+            let saved = a.checkpoint(None).unwrap().to_value();
+            let r = MixResume::load(&cfg, vec![saved], false, true).unwrap();
+            prop_assert_eq!(r.pass_ended(&cfg, l).unwrap(), ended);
+            let next = a.next_item().unwrap();
+            prop_assert_eq!(ended, next.is_none());
+            if next.is_none() {
+                prop_assert!(a.pass_ended());
+                break;
+            }
+        }
+    }
+
     /// A state saved after any item (in row mode, after any row of a chunk), loaded from its
     /// plain form, continues exactly as the uninterrupted run; and again from a second state
     /// saved after that resume.

@@ -42,6 +42,10 @@ pub struct MixtureState {
     pub removed: BTreeMap<String, Vec<StreamState>>,
     /// Packing after the mixture: the packer's pending documents (source name, reference).
     pub pack: Option<Vec<(String, DocRef)>>,
+    /// The epoch `set_epoch` gave the pass this state was saved in (`None`: never called). A
+    /// mixture has no epochs of its own; this tells a state saved at the end of one pass of a
+    /// `set_epoch` loop from one loaded for the same pass (see `MixStream::pass_ended`).
+    pub epoch: Option<u64>,
 }
 
 /// The record as serde reads it; the nested stream states are parsed by [`StreamState::parse`].
@@ -64,6 +68,9 @@ struct Raw {
     /// Absent for a mixture that does not pack (its states are unchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pack: Option<MixPackRecord>,
+    /// Absent when `set_epoch` was never called (and in states of earlier releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
 }
 
 /// The mixture's arguments that shape its stream (a state loads only under the same ones).
@@ -169,6 +176,7 @@ impl MixtureState {
         };
         let st = MixtureState {
             pack,
+            epoch: raw.epoch,
             settings: raw.settings,
             weights: raw.weights,
             policies: raw.policies,
@@ -321,6 +329,7 @@ impl MixtureState {
                 .map(|(k, v)| (k.clone(), v.iter().map(StreamState::to_value).collect()))
                 .collect(),
             pack: self.pack.as_deref().map(MixPackRecord::of),
+            epoch: self.epoch,
         };
         serde_json::to_value(raw).expect("a mixture state serializes")
     }
