@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from shardstream import ParquetStream
+from shardstream import Mixture, ParquetStream
 from trainer_jobs import N_ROWS, global_steps, job_main, run_job
 
 pytestmark = pytest.mark.timeout(600)
@@ -56,13 +56,31 @@ def reference_epochs(source: str, world: int, nw: int, batch: int = PER_DEVICE) 
     return epochs
 
 
-def reference_endless(source: str, world: int, nw: int, steps: int) -> list:
-    """The first ``steps`` global batches of one endless pass (``epochs=None``)."""
+def mixture(a: str, b: str, **kw) -> Mixture:
+    """The endless mixture of the recipe (``samples=None``): source ``b`` (60 rows) runs
+    through several of its epochs while ``a`` is in its first."""
+    return Mixture(
+        {
+            "a": ParquetStream(a, columns=["id"], shuffle_buffer=64, seed=7),
+            "b": ParquetStream(b, columns=["id"], shuffle_buffer=16, seed=8),
+        },
+        weights={"a": 0.7, "b": 0.3},
+        output="python",
+        **kw,
+    )
+
+
+def reference_endless(source: str, world: int, nw: int, steps: int, mix: str | None = None) -> list:
+    """The first ``steps`` global batches of one endless pass (``epochs=None``), or of the
+    endless mixture of ``source`` and ``mix``."""
     import itertools
 
     from torch.utils.data import DataLoader
 
-    ds = ParquetStream(source, **DATA, epochs=None, rank=0, world_size=1)
+    if mix is None:
+        ds = ParquetStream(source, **DATA, epochs=None, rank=0, world_size=1)
+    else:
+        ds = mixture(source, mix, rank=0, world_size=1)
     dl = DataLoader(ds, batch_size=PER_DEVICE, collate_fn=collate, num_workers=nw)
     base = [b["row_ids"].tolist() for b in itertools.islice(dl, steps * world)]
     return [sum(base[i : i + world], []) for i in range(0, len(base), world)]
@@ -102,7 +120,11 @@ def _train(spec, run: dict, nw: int) -> list:
     trainer = Recording(
         model=GPT2LMHeadModel(config),
         args=args,
-        train_dataset=ParquetStream(spec["source"], **DATA, epochs=run["epochs"]),
+        train_dataset=(
+            mixture(spec["source"], spec["mix"])
+            if run["mixture"]
+            else ParquetStream(spec["source"], **DATA, epochs=run["epochs"])
+        ),
         data_collator=collate,
     )
     trainer.seen = []
@@ -132,8 +154,10 @@ def _run(
     steps=34,
     epochs: int | None = 1,
     ckpt: int = SAVE_AT,
+    mixture: bool = False,
 ) -> dict:
     return dict(
+        mixture=mixture,
         name=name,
         dir=str(run_dir),
         resume=resume and str(resume),
@@ -148,18 +172,21 @@ def _run(
 # ------------------------------------------------------------------------------------ tests
 
 
-def test_hf_trainer_resume(rows, tmp_path):
+def test_hf_trainer_resume(rows, shard_factory, tmp_path):
     """2 processes, then 1, DataLoader workers 0 and 1: the Trainer trains on every row once an
     epoch (the one-process stream); resuming from checkpoint-9 gives exactly the uninterrupted
     run's batches, by as many processes and (elastic, with split_batches so that the loader's
-    batch stays the same) by 1 process from 2 processes' checkpoint."""
+    batch stays the same) by 1 process from 2 processes' checkpoint. The endless recipe, for a
+    stream and for a Mixture, resumed at step 27 (past a data epoch) is exact too."""
     d2, d1, ds = tmp_path / "run2", tmp_path / "run1", tmp_path / "split2"
+    small = shard_factory(num_shards=2, rows_per_shard=[35, 25], seed=9, start_id=1000).root
     two = run_job(
         HERE,
         tmp_path,
         "p2",
         2,
         source=rows,
+        mix=small,
         refused_dir=str(tmp_path / "no"),
         runs=[
             _run("full", d2, steps=STEPS[2]),
@@ -177,6 +204,18 @@ def test_hf_trainer_resume(rows, tmp_path):
                 steps=STEPS[2],
                 epochs=None,
                 ckpt=3 * SAVE_AT,
+            ),
+            # The same recipe for a Mixture (samples=None): at step 27 source b is in its
+            # third epoch.
+            _run("mix", tmp_path / "mix2", steps=STEPS[2], epochs=None, mixture=True),
+            _run(
+                "mix-resumed",
+                tmp_path / "mix2r",
+                resume=tmp_path / "mix2",
+                steps=STEPS[2],
+                epochs=None,
+                ckpt=3 * SAVE_AT,
+                mixture=True,
             ),
         ],
     )
@@ -215,6 +254,11 @@ def test_hf_trainer_resume(rows, tmp_path):
         assert len(endless) == STEPS[2] > 3 * SAVE_AT > N_ROWS // (2 * PER_DEVICE)
         assert global_steps(two, f"endless/{nw}") == endless, f"endless, {nw} workers"
         assert global_steps(two, f"endless-resumed/{nw}") == endless[3 * SAVE_AT :], nw
+        mixed = reference_endless(rows, 2, nw, STEPS[2], mix=small)
+        ids = [i for step in mixed[: 3 * SAVE_AT] for i in step]
+        assert len([i for i in ids if i >= 1000]) > 2 * 60  # b is in its third epoch
+        assert global_steps(two, f"mix/{nw}") == mixed, f"mixture, {nw} workers"
+        assert global_steps(two, f"mix-resumed/{nw}") == mixed[3 * SAVE_AT :], nw
         # Elastic: checkpoint of 2 processes, resumed by 1, the loader's batch kept (split).
         epochs = reference_epochs(rows, 1, nw, batch=2 * PER_DEVICE)
         expected = (epochs[0] + epochs[1])[: STEPS[2]]
