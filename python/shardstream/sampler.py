@@ -36,6 +36,7 @@ from . import _core
 from . import state as _state
 from ._core import SAMPLER_FORMAT, RawRun, RawSampler
 from .errors import StateError
+from .integrations import accelerate as _accelerate
 
 __all__ = ["ResumableSampler"]
 
@@ -75,6 +76,9 @@ class ResumableSampler:
         window: blocks per window of the locality order.
         rank, world_size: this process's place among ranks; default from
             ``torch.distributed`` if initialized, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
+            Under an accelerate loader (``prepare()``, the HF ``Trainer``), which splits the
+            sampler's batches between its processes itself, pass ``rank=0, world_size=1``
+            (a sampler split by rank there is a ``ValueError`` as the pass starts).
         even: with several ranks, ``"drop"`` gives every rank ``floor(rest / world_size)``
             indices (the last ``< world_size`` positions of the epoch are not read),
             ``"pad"`` gives every rank ``ceil(rest / world_size)`` (repeating positions from
@@ -130,6 +134,9 @@ class ResumableSampler:
                 ) from None
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together (or neither)")
+        # Ranks taken from torch.distributed are dropped under an accelerate loader, which
+        # splits the sampler's order between processes itself; given ones are checked there.
+        self._ranks_given = rank is not None
         if rank is None or world_size is None:
             rank, world_size = _rank_world()
         self._args: dict[str, Any] = dict(
@@ -150,6 +157,9 @@ class ResumableSampler:
         # the end of an earlier epoch then leads to this epoch, not to that one again.
         self._asked: int | None = None
         self._loads = 0  # load_state_dict() calls: which iterators were made after the last
+        # set_epoch() while the newest iterator, started at that epoch's beginning, goes on (a
+        # loader that started before the call): the next iterator starts at _start, not there.
+        self._restart = False
 
     # -- what it is ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -179,6 +189,9 @@ class ResumableSampler:
         of an earlier epoch's end was loaded after it (torchdata loads the state inside
         ``iter(loader)``, after the training loop's ``set_epoch``); else the start point."""
         it = self._iter
+        if self._restart:  # set_epoch() let the newest iterator go on; the next one restarts
+            self._restart, self._iter = False, None
+            return self._start
         # (an iterator made before the last load and not started follows the loaded position,
         # even an epoch's end: the next iterator then yields nothing, as that epoch is done)
         made_at_end = it is not None and it.made == self._loads
@@ -202,6 +215,48 @@ class ResumableSampler:
         self._iter = _SamplerIterator(self)
         return self._iter
 
+    def _follow_accelerate(self) -> Any:
+        """The accelerate loader (``prepare()``, the HF ``Trainer``) drawing batches from this
+        sampler right now, or ``None``. It splits the sampler's order between its processes
+        itself, so a sampler split by rank too would have each process read ``1/processes``
+        of its share (a quarter of the rows on 2 processes, silently): that is a
+        ``ValueError``, raised as a pass starts (accelerate calls ``set_epoch`` on every
+        process there) or at an iterator's first index."""
+        found = _accelerate.sampler_loader(self)
+        if found is None:
+            return None
+        loader, processes = found
+        if processes > 1 and self.world_size > 1:
+            given = (
+                "was given" if self._ranks_given else "took from torch.distributed (its default)"
+            )
+            raise ValueError(
+                f"accelerate splits this ResumableSampler's order between its {processes} "
+                f"processes itself, but the sampler {given} rank={self.rank}, "
+                f"world_size={self.world_size} and so splits it again: each process would "
+                f"read 1/{processes * self.world_size} of the rows. Under accelerate (and the "
+                "HF Trainer) pass rank=0, world_size=1"
+            )
+        return loader
+
+    def _follow_epoch(self, loader: Any) -> None:
+        """At an iterator's first index under an accelerate loader: start at the loader's epoch
+        (``iteration``, which its ``set_epoch`` sets), unless a position was loaded. The loader
+        passes ``set_epoch`` on to the sampler, except through the ``SkipBatchSampler`` that
+        ``skip_first_batches`` adds (the HF Trainer's resume): resumed in a later epoch, the
+        sampler would otherwise read epoch 0's order."""
+        epoch = getattr(loader, "iteration", None)
+        start = self._start
+        if (
+            isinstance(epoch, int)
+            and not isinstance(epoch, bool)
+            and 0 <= epoch < 2**63
+            and not self._loaded
+            and start["position"] == 0
+            and start["epoch"] != epoch
+        ):
+            self._start = self._raw.start(epoch, start)
+
     def set_epoch(self, epoch: int) -> None:
         """Start the next iterator at the beginning of ``epoch`` (like
         ``DistributedSampler.set_epoch``). After :meth:`load_state_dict`, the loaded state's
@@ -210,11 +265,21 @@ class ResumableSampler:
         _check_count(epoch, "epoch")
         if epoch >= 2**63:
             raise ValueError(f"epoch must be below 2**63, got {epoch}")
+        self._follow_accelerate()
+        it = self._iter
+        if it is not None and it.started and not self._loaded and it.begins(epoch):
+            # The newest iterator already yields this epoch from its beginning: a loader that
+            # started before this call goes on with it (torchdata's StatefulDataLoader makes
+            # its iterator in state_dict(), and its workers prefetch from the sampler at once:
+            # accelerate's prepare() does that); a new iterator starts the epoch over.
+            self._start, self._restart = self._raw.start(epoch, it.begun), True
+            self._asked = epoch
+            return
         start = self._start_point()
         if self._loaded:
-            self._loaded = False
             if start["epoch"] == epoch:
-                return
+                return  # (kept again by a second call: accelerate's loader makes two a pass)
+            self._loaded = False
             if start["position"] > 0 and len(self._raw.run(start)) > 0:
                 warnings.warn(
                     f"set_epoch({epoch}) discards the position loaded by load_state_dict() "
@@ -296,6 +361,7 @@ class ResumableSampler:
             "state": self.state_dict(),
             "loaded": self._loaded,
             "asked": self._asked,
+            "ranks_given": self._ranks_given,
         }
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -306,6 +372,8 @@ class ResumableSampler:
         self._loaded = d["loaded"]
         self._asked = d.get("asked")
         self._loads = 0
+        self._restart = False
+        self._ranks_given = d.get("ranks_given", True)
 
     def __repr__(self) -> str:
         a = self._args
@@ -319,11 +387,12 @@ class _SamplerIterator:
     """One pass of a ``ResumableSampler``: this rank's indices of one epoch, from the sampler's
     start point (taken at the first ``next()``)."""
 
-    __slots__ = ("_buf", "_k", "_owner", "_pos", "_run", "made")
+    __slots__ = ("_buf", "_k", "_owner", "_pos", "_run", "begun", "made")
 
     def __init__(self, owner: ResumableSampler) -> None:
         self._owner = owner
         self.made = owner._loads  # the owner's loads before it was made
+        self.begun: dict[str, Any] = {}  # the state it started from (at its first next())
         self._run: RawRun | None = None
         self._k = 0  # indices yielded (or skipped) since the run's start
         self._buf: list[int] = []  # indices computed ahead; _buf[_pos:] not yielded yet
@@ -336,6 +405,11 @@ class _SamplerIterator:
     @property
     def exhausted(self) -> bool:
         return self._run is not None and self._k >= len(self._run)
+
+    def begins(self, epoch: int) -> bool:
+        """Started at the beginning of ``epoch`` (where ``set_epoch(epoch)`` starts)."""
+        raw = self._owner._raw
+        return self._run is not None and self.begun == raw.start(epoch, self.begun)
 
     def __iter__(self) -> _SamplerIterator:
         return self
@@ -353,7 +427,11 @@ class _SamplerIterator:
             self._k += 1
             return i
         if self._run is None:
-            self._run = self._owner._raw.run(self._owner._start)
+            loader = self._owner._follow_accelerate()
+            if loader is not None:
+                self._owner._follow_epoch(loader)
+            self.begun = self._owner._start
+            self._run = self._owner._raw.run(self.begun)
             self._owner._loaded = False
             if len(self._run):  # (one made at a loaded epoch's end yields nothing: keep it)
                 self._owner._asked = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from shardstream import Mixture, ParquetStream
+from shardstream import Mixture, ParquetRows, ParquetStream, ResumableSampler
 from trainer_jobs import N_ROWS, global_steps, job_main, run_job
 
 pytestmark = pytest.mark.timeout(600)
@@ -101,6 +101,12 @@ def _train(spec, run: dict, nw: int) -> list:
             self.seen.append(inputs.pop("row_ids").tolist())
             return super().compute_loss(model, inputs, *args, **kwargs)
 
+        def _get_train_sampler(self, train_dataset=None):
+            if run["kind"] != "rows-sampler":
+                return super()._get_train_sampler(train_dataset)
+            # accelerate splits the sampler's batches between processes: one global order
+            return ResumableSampler(self.train_dataset, seed=11, rank=0, world_size=1)
+
     config = GPT2Config(vocab_size=VOCAB, n_positions=4, n_embd=8, n_layer=1, n_head=2)
     args = TrainingArguments(
         output_dir=f"{run['dir']}-{nw}",
@@ -122,7 +128,9 @@ def _train(spec, run: dict, nw: int) -> list:
         args=args,
         train_dataset=(
             mixture(spec["source"], spec["mix"])
-            if run["mixture"]
+            if run["kind"] == "mixture"
+            else ParquetRows(spec["source"], columns=["id"], output="python")
+            if run["kind"].startswith("rows")
             else ParquetStream(spec["source"], **DATA, epochs=run["epochs"])
         ),
         data_collator=collate,
@@ -154,10 +162,10 @@ def _run(
     steps=34,
     epochs: int | None = 1,
     ckpt: int = SAVE_AT,
-    mixture: bool = False,
+    kind: str = "stream",
 ) -> dict:
     return dict(
-        mixture=mixture,
+        kind=kind,
         name=name,
         dir=str(run_dir),
         resume=resume and str(resume),
@@ -207,7 +215,7 @@ def test_hf_trainer_resume(rows, shard_factory, tmp_path):
             ),
             # The same recipe for a Mixture (samples=None): at step 27 source b is in its
             # third epoch.
-            _run("mix", tmp_path / "mix2", steps=STEPS[2], epochs=None, mixture=True),
+            _run("mix", tmp_path / "mix2", steps=STEPS[2], epochs=None, kind="mixture"),
             _run(
                 "mix-resumed",
                 tmp_path / "mix2r",
@@ -215,7 +223,24 @@ def test_hf_trainer_resume(rows, shard_factory, tmp_path):
                 steps=STEPS[2],
                 epochs=None,
                 ckpt=3 * SAVE_AT,
-                mixture=True,
+                kind="mixture",
+            ),
+            # Map-style: ParquetRows with the Trainer's own sampler, and with a
+            # ResumableSampler; resumed at step 27, in the second epoch.
+            *(
+                r
+                for kind in ("rows", "rows-sampler")
+                for r in (
+                    _run(kind, tmp_path / kind, steps=STEPS[2], kind=kind),
+                    _run(
+                        f"{kind}-resumed",
+                        tmp_path / f"{kind}-r",
+                        resume=tmp_path / kind,
+                        steps=STEPS[2],
+                        ckpt=3 * SAVE_AT,
+                        kind=kind,
+                    ),
+                )
             ),
         ],
     )
@@ -259,6 +284,23 @@ def test_hf_trainer_resume(rows, shard_factory, tmp_path):
         assert len([i for i in ids if i >= 1000]) > 2 * 60  # b is in its third epoch
         assert global_steps(two, f"mix/{nw}") == mixed, f"mixture, {nw} workers"
         assert global_steps(two, f"mix-resumed/{nw}") == mixed[3 * SAVE_AT :], nw
+        # Map-style: 26 steps an epoch of 16 rows, the last one padded by accelerate with rows
+        # from the epoch's start; the resumed run in epoch 1 continues exactly.
+        for kind in ("rows", "rows-sampler"):
+            full = global_steps(two, f"{kind}/{nw}")
+            assert sorted(set(i for step in full[:26] for i in step)) == list(range(N_ROWS))
+            resumed = global_steps(two, f"{kind}-resumed/{nw}")
+            assert resumed == full[3 * SAVE_AT :], f"{kind}, {nw} workers"
+        # The sampler's order, one global order cut by accelerate into steps of 16 rows:
+        # epoch 0's 25 full steps (then the padded one), then epoch 1's.
+        steps = []
+        for epoch in (0, 1):
+            s = ResumableSampler(N_ROWS, seed=11, rank=0, world_size=1)
+            s.set_epoch(epoch)
+            o = list(s)
+            steps.append([o[i : i + 16] for i in range(0, N_ROWS - 16, 16)])
+        full = global_steps(two, f"rows-sampler/{nw}")
+        assert full[:25] == steps[0] and full[26:] == steps[1][: STEPS[2] - 26], nw
         # Elastic: checkpoint of 2 processes, resumed by 1, the loader's batch kept (split).
         epochs = reference_epochs(rows, 1, nw, batch=2 * PER_DEVICE)
         expected = (epochs[0] + epochs[1])[: STEPS[2]]

@@ -163,3 +163,51 @@ def test_torchrun_elastic_2_to_3_ranks(small, tmp_path):
     assert sorted(seen) == sorted(small.ids)
     rest = len(small.ids) - 96
     assert {len(o["ids"]) for o in three} <= {rest // 3, rest // 3 + 1}  # even=None: differ by <= 1
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_loader_started_before_set_epoch_goes_on(small, workers):
+    """torchdata's ``StatefulDataLoader.state_dict()`` before the first batch makes the
+    iterator, whose workers prefetch indices from the sampler at once (accelerate's
+    ``prepare()`` does that with ``use_stateful_dataloader=True``); the loop's ``set_epoch(0)``
+    then made that sampler iterator stale: ``RuntimeError`` at the next batch. Now a
+    ``set_epoch`` of the epoch the started iterator already yields from its beginning lets it
+    go on; the passes equal a loader that did not start early."""
+    ds = ParquetRows(small.root, columns=["id"], output="python")
+
+    def passes(early: bool) -> list[list[int]]:
+        s = ResumableSampler(ds, seed=11)
+        dl = loader(ds, s, workers, batch=8)
+        if early:
+            dl.state_dict()
+        out = []
+        for e in range(3):
+            s.set_epoch(e)
+            s.set_epoch(e)  # (accelerate's loader calls it twice a pass)
+            out.append(ids_of(dl))
+        return out
+
+    ref = passes(False)
+    assert ref[0] != ref[1] and sorted(ref[0]) == sorted(ref[1]) == sorted(small.ids)
+    assert passes(True) == ref
+
+
+def test_set_epoch_twice_keeps_a_loaded_position(small):
+    """accelerate's loader calls the sampler's ``set_epoch`` twice as a pass starts (its own
+    ``set_epoch`` and its ``__iter__``): the second call of the loaded state's epoch discarded
+    the loaded position (the whole epoch again, silently)."""
+    for epoch in (0, 1):
+        ref = ResumableSampler(100, seed=1)
+        ref.set_epoch(epoch)
+        full = list(ref)
+        s = ResumableSampler(100, seed=1)
+        s.set_epoch(epoch)
+        it = iter(s)
+        head = [next(it) for _ in range(10)]
+        state = s.state_dict()
+        for calls in (1, 2, 3):
+            t = ResumableSampler(100, seed=1)
+            t.load_state_dict(state)
+            for _ in range(calls):
+                t.set_epoch(epoch)
+            assert head + list(t) == full, (epoch, calls)

@@ -26,7 +26,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Wrapper", "before_epoch", "register", "wrapper"]
+__all__ = ["Wrapper", "before_epoch", "register", "sampler_loader", "wrapper"]
 
 # Accelerators register() was called with (their _dataloaders are the loaders it syncs).
 _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -173,6 +173,48 @@ def before_epoch(dataset: Any, world_size: int | None) -> None:
     base = found[0].base_dataloader
     if getattr(base, "num_workers", 0) > 0 and hasattr(base, "load_state_dict"):
         base.load_state_dict({})
+
+
+def sampler_loader(sampler: Any) -> tuple[Any, int] | None:
+    """``(accelerate loader, processes it splits the sampler's order between)`` drawing its
+    batches from ``sampler`` right now (``None``: none).
+
+    For a map-style dataset accelerate keeps the DataLoader's sampler and splits its batches:
+    ``BatchSamplerShard`` gives each process every ``num_processes``-th batch (or a part of
+    each), ``DataLoaderDispatcher`` has process 0 read every batch and send the parts. The
+    sampler is found by following ``batch_sampler``/``sampler`` from the loader (through
+    ``SkipBatchSampler``, which a resume's ``skip_first_batches`` adds).
+    """
+    state_mod = sys.modules.get("accelerate.state")
+    loader_mod = sys.modules.get("accelerate.data_loader")
+    if state_mod is None or loader_mod is None or not state_mod.GradientState._shared_state:
+        return None
+    try:
+        refs = state_mod.GradientState().dataloader_references
+    except Exception:  # an accelerate whose GradientState differs: nothing to cooperate with
+        return None
+    for dl in refs:
+        if dl is None:
+            continue
+        processes = 1
+        if issubclass(type(dl), loader_mod.DataLoaderDispatcher):
+            processes = int(dl.state.num_processes)
+        todo, seen = [dl], {id(dl)}
+        for _ in range(8):  # a few wrappers deep
+            nxt = []
+            for obj in todo:
+                for name in ("batch_sampler", "sampler"):
+                    x = getattr(obj, name, None)
+                    if x is None or id(x) in seen:
+                        continue
+                    if x is sampler:
+                        return dl, processes
+                    if isinstance(x, loader_mod.BatchSamplerShard):
+                        processes = max(processes, int(x.num_processes))
+                    seen.add(id(x))
+                    nxt.append(x)
+            todo = nxt
+    return None
 
 
 def register(accelerator: Any) -> None:
