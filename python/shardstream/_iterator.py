@@ -93,6 +93,27 @@ class RowIterator(StreamIterator):
             self._chunk_rows, self._handed = rb.num_rows, 0
 
 
+def replaces_unstarted_after_load(dataset: Any) -> bool:
+    """True when ``iter(dataset)`` replaces an iterator that was made after the last
+    ``load_state_dict()`` and never started, with that loaded position still the start point.
+
+    That is what torchdata's ``StatefulDataLoader`` does with a state saved after its loop
+    ended (``_iterator_finished``): ``iter(loader)`` makes an iterator, loads the state into
+    the dataset, then drops that iterator for a fresh one and expects a new pass from it. With
+    workers the new pass comes from copies of the dataset that never loaded the state; with 0
+    workers it is this object, loaded at the end of its pass, which would yield nothing (under
+    Lightning, whose checkpoint at an epoch's last step is such a state, an epoch lost). The
+    dataset then starts a new pass when its loaded position has ended, as with workers.
+    """
+    it = dataset._iter
+    return (
+        it is not None
+        and not it.started
+        and dataset._loaded
+        and getattr(it, "made", -1) == dataset._loads
+    )
+
+
 def make_iterator(owner: Any, conv: Any, batched: bool) -> StreamIterator:
     """The iterator of one pass: batch mode's ``__next__`` in Rust, row mode's here."""
     return StreamIterator(owner, conv, batched) if batched else RowIterator(owner, conv, batched)

@@ -32,7 +32,7 @@ import pyarrow as pa
 from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawCatalog, RawResume, RawSettings, RawStream
-from ._iterator import StreamIterator, make_iterator
+from ._iterator import StreamIterator, make_iterator, replaces_unstarted_after_load
 from ._signals import MainSignals
 from .convert import Converter, check_output
 from .errors import StateError
@@ -226,6 +226,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         self._two_phase: tuple[RawResume, list[dict[str, Any]], list[Any]] | None = None
         self._iter: StreamIterator | None = None  # the newest iterator
         self._loaded = False  # _resume came from load_state_dict and no iterator started yet
+        self._loads = 0  # load_state_dict() calls: which iterators were made after the last
         self._asked: int | None = None  # set_epoch()'s epoch until a stream next opens
         self._signals = MainSignals()  # set_epoch() etc. reaching persistent workers
 
@@ -377,6 +378,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             )
             self._two_phase = (self._resume, states, summaries)
             self._loaded = True
+            self._loads += 1
             self._signals.moved()
             return
         found = _state.gather(state_dict)
@@ -390,6 +392,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
             self.catalog, self._settings, found, allow_changed_shards, self._start_point()
         )
         self._loaded = True  # until an iterator starts from it, or set_epoch() moves on
+        self._loads += 1
         self._signals.moved()
 
     def needed_slots(
@@ -495,6 +498,12 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         epoch = self._signals.new_epoch()  # a persistent worker's next pass
         if epoch is not None:
             self._set_epoch(epoch, stacklevel=2)
+        if replaces_unstarted_after_load(self):
+            start = self._start_point()
+            if start.pass_ended(self.catalog, self._settings, self._layout()):
+                asked = self._asked
+                self._resume = start.restart(start.first_epoch if asked is None else asked)
+                self._loaded = False
         self._start_point()  # an earlier iterator's position becomes the start point
         conv: Any = (
             PackConverter(self._output)
@@ -503,6 +512,7 @@ class ParquetStream(_Base):  # type: ignore[misc,valid-type]
         )
         batched = self._settings.batch_size is not None
         self._iter = make_iterator(self, conv, batched)
+        self._iter.made = self._loads
         return self._iter
 
     def _open_stream(self) -> RawStream:

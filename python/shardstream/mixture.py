@@ -27,7 +27,7 @@ import pyarrow as pa
 from . import _core, _slots, _torch
 from . import state as _state
 from ._core import RawMixResume, RawMixStream, RawMixture
-from ._iterator import StreamIterator, make_iterator
+from ._iterator import StreamIterator, make_iterator, replaces_unstarted_after_load
 from ._signals import MainSignals
 from .convert import Converter, check_output
 from .dataset import ParquetStream
@@ -404,6 +404,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         self._pickled_resume: list[dict[str, Any]] | None = None
         self._iter: StreamIterator | None = None
         self._loaded = False
+        self._loads = 0  # load_state_dict() calls: which iterators were made after the last
         self._asked: int | None = None  # set_epoch()'s epoch until a stream next opens
         self._warned: set[str] = set()  # sources warned of as barren in this process
         self._signals = MainSignals()  # set_epoch() and load_state_dict() for persistent workers
@@ -517,6 +518,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         found = [s for _, s in located]
         self._resume = RawMixResume.load(self.raw, found, allow_changed_shards, strict)
         self._loaded = True
+        self._loads += 1
         self._signals.moved()
 
     def source_stats(self) -> dict[str, dict[str, Any]]:
@@ -543,8 +545,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         pass it starts saves the epoch in its states, so that a state saved at the end of a pass
         (after its last item, or after the loop) and loaded before a later epoch's pass starts
         the mixture over there, as the uninterrupted loop did (torchdata's ``StatefulDataLoader``
-        loads its state after the loop's ``set_epoch``); loaded for its own epoch, that pass has
-        nothing left. Persistent DataLoader workers see it when their next pass starts.
+        loads its state after the loop's ``set_epoch``); a state saved after the last item and
+        loaded for its own epoch has nothing left in that pass. Persistent DataLoader workers
+        see it when their next pass starts.
 
         Under an accelerate loader it checks the loader's settings on every process (a refused
         one raises on all of them, not only on process 0, which reads) and restarts DataLoader
@@ -562,9 +565,17 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         epoch = self._signals.new_epoch()  # a persistent worker's next pass
         if epoch is not None:
             self._asked = epoch
+        if replaces_unstarted_after_load(self):
+            start = self._start_point()
+            if start.pass_ended(self.raw, self._layout()):
+                asked = self._asked
+                fresh = RawMixResume.start(self.raw)
+                self._resume = fresh.with_epoch(start.epoch if asked is None else asked)
+                self._loaded = False
         self._start_point()
         conv: Any = PackConverter(self._output) if self._packed else _MixConverter(self, self.raw)
         self._iter = make_iterator(self, conv, self.batch_size is not None)
+        self._iter.made = self._loads
         return self._iter
 
     def _open_stream(self) -> RawMixStream:

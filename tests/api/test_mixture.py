@@ -174,6 +174,8 @@ def test_the_set_epoch_loop_resumes_exactly_at_the_mixture_end(data, num_workers
     ended = torch_roundtrip(loader.state_dict())
     assert run(at_last, 0) == [[], ref[1], ref[2]]
     assert run(ended, 1) == [ref[1], ref[2]]
+    # resumed at its own epoch (not the rule): the mixture again, 0 workers or more
+    assert run(ended, 0, 2) == [ref[0], ref[1]]
     if not rows or num_workers:
         # (in row mode with 0 workers torchdata restores that its fetcher ended: the rule of
         # docs/guide.md "Epochs and passes", resume there at the state's own epoch)

@@ -290,13 +290,17 @@ def test_stateful_dataloader_resume_across_loader_passes(small, num_workers):
     loader2 = _sdl(small.root, settings, num_workers)
     loader2.load_state_dict(state)
     assert head + loader_keys(loader2) == pass2
-    # (b) end of the first pass
+    # (b) end of the first pass (StopIteration seen): torchdata drops the iterator it loaded
+    # the finished state into and expects a new pass from a fresh one; with 0 workers the
+    # fresh one iterates the same dataset object, which yielded nothing (Lightning lost an
+    # epoch so, from a checkpoint at an epoch's last step): a new pass, as with workers.
     loader = _sdl(small.root, settings, num_workers)
     loader_keys(loader)
     state = torch_roundtrip(loader.state_dict())
     loader2 = _sdl(small.root, settings, num_workers)
     loader2.load_state_dict(state)
-    assert loader_keys(loader2) in ([], pass2)
+    assert loader_keys(loader2) == pass2
+    assert loader_keys(loader2) == pass2
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -334,6 +338,8 @@ def test_the_set_epoch_loop_resumes_exactly_at_an_epoch_end(small, num_workers, 
     assert run(at_last, 0, 3) == [[], ref[1], ref[2]]
     assert run(at_last, 1, 3) == [ref[1], ref[2]]
     assert run(ended, 1, 3) == [ref[1], ref[2]]
+    # resumed at its own epoch (not the rule): that epoch again, 0 workers or more
+    assert run(ended, 0, 2) == [ref[0], ref[1]]
 
 
 @pytest.mark.parametrize("num_workers", [2, 4])
