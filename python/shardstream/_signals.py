@@ -38,6 +38,10 @@ class MainSignals:
     def _in_main(self) -> bool:
         return os.getpid() == self._pid
 
+    def in_worker(self) -> bool:
+        """This copy is in another process than the dataset's maker (a DataLoader worker)."""
+        return not self._in_main()
+
     def set_epoch(self, epoch: int) -> None:
         """The main process set the epoch (a worker's own calls signal nothing)."""
         if self._in_main():

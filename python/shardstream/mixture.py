@@ -408,6 +408,8 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         self._asked: int | None = None  # set_epoch()'s epoch until a stream next opens
         self._warned: set[str] = set()  # sources warned of as barren in this process
         self._signals = MainSignals()  # set_epoch() and load_state_dict() for persistent workers
+        # In a DataLoader worker: the start point it was made with, before it read or loaded.
+        self._origin: RawMixResume | None = None
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -514,6 +516,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
                 f"{_core.MIXTURE_FORMAT} one: a Mixture loads what Mixture.state_dict() saved"
                 + (f" ({len(others)} such states in all)" if len(others) > 1 else "")
             )
+        self._note_origin()
         self._start_point()
         found = [s for _, s in located]
         self._resume = RawMixResume.load(self.raw, found, allow_changed_shards, strict)
@@ -561,10 +564,22 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         self._asked = epoch
 
     # -- iteration ----------------------------------------------------------------------------
+    def _note_origin(self) -> None:
+        if self._origin is None and self._signals.in_worker():
+            self._origin = self._start_point()
+
     def __iter__(self) -> Iterator[Any]:
+        self._note_origin()
         epoch = self._signals.new_epoch()  # a persistent worker's next pass
         if epoch is not None:
             self._asked = epoch
+            if not self._loaded:
+                # set_epoch() in the main process: this pass is the one a fresh worker would
+                # read, from the start point the workers were made with (a mixture's set_epoch
+                # does not move it, so a worker that left its last pass early would go on from
+                # there, past the batches the loader had prefetched).
+                assert self._origin is not None
+                self._resume, self._iter = self._origin, None
         if replaces_unstarted_after_load(self):
             start = self._start_point()
             if start.pass_ended(self.raw, self._layout()):
@@ -635,7 +650,7 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         it = self._iter
         start = self._iter_resume() if it is not None and it.started else self._start_point()
         d["_pickled_resume"] = start.states(self.raw)
-        d["_raw"] = d["_resume"] = d["_iter"] = None
+        d["_raw"] = d["_resume"] = d["_iter"] = d["_origin"] = None
         d["_warned"] = set()  # another process (a worker: another slot) warns for itself
         d["_wrapped"] = self.__dict__.get("_wrapped") or _slots._accelerate.wrapper(self)
         return d

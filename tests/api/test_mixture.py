@@ -239,6 +239,28 @@ def test_persistent_workers_record_the_epoch_of_their_pass(data):
         del it
 
 
+def test_persistent_workers_read_each_pass_as_fresh_workers(data):
+    """The set_epoch loop leaving each pass early (a fixed number of steps an epoch) over an
+    endless mixture: fresh workers read every pass from the start point they were made with;
+    persistent workers went on from where they had stopped, past the batches the loader had
+    prefetched (each epoch started 10 batches further on), silently."""
+
+    def loop(persistent: bool) -> list:
+        m = mix(data, batch_size=7, samples=None)
+        loader = StatefulDataLoader(
+            m, batch_size=None, num_workers=2, persistent_workers=persistent
+        )
+        out = []
+        for e in range(3):
+            loader.dataset.set_epoch(e)
+            out.append([key(b, True) for b in itertools.islice(loader, 6)])
+        return out
+
+    fresh = loop(False)
+    assert fresh[0] == fresh[1] == fresh[2] and len(fresh[0]) == 6
+    assert loop(True) == fresh
+
+
 def test_stop_ends_right_after_the_stop_source_and_drop_takes_every_row(data):
     # math stops the mixture: its 17 rows, then nothing.
     got = flat(keys(mix(data, on_exhausted={"math": "stop"}, samples=None, batch_size=4)))
