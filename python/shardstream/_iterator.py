@@ -38,6 +38,7 @@ class StreamIterator(RawIter):
         self._owner = owner
         self._conv = conv
         self._rows: Iterator[Any] | None = None  # row mode: the last chunk's rows not handed out
+        self.made = 0  # the owner's load_state_dict() calls before it was made
         self._chunk_rows = 0
         self._handed = 0
 
@@ -110,7 +111,7 @@ def replaces_unstarted_after_load(dataset: Any) -> bool:
         it is not None
         and not it.started
         and dataset._loaded
-        and getattr(it, "made", -1) == dataset._loads
+        and it.made == dataset._loads
     )
 
 
