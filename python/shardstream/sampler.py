@@ -160,6 +160,7 @@ class ResumableSampler:
         # set_epoch() while the newest iterator, started at that epoch's beginning, goes on (a
         # loader that started before the call): the next iterator starts at _start, not there.
         self._restart = False
+        self._warned = False  # the same-order warning was given
 
     # -- what it is ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -195,6 +196,12 @@ class ResumableSampler:
         # (an iterator made before the last load and not started follows the loaded position,
         # even an epoch's end: the next iterator then yields nothing, as that epoch is done)
         made_at_end = it is not None and it.made == self._loads
+        if it is not None and it.started and it.switched and made_at_end:
+            # It started a later epoch from a loaded epoch's end (see __next__), and is replaced
+            # before any other load: torchdata drops the iterator it loaded a finished state
+            # into (its workers had prefetched from it) and makes a fresh one for the new pass.
+            self._start, self._iter, self._loaded = it.begun, None, False
+            return self._start
         if it is not None and (it.started or made_at_end and not len(self._raw.run(self._start))):
             self._start, self._iter = it.resume_point(), None
             self._loaded = False
@@ -211,6 +218,7 @@ class ResumableSampler:
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[int]:
+        _refuse_lightning_wrapper(sys._getframe(1))
         self._start_point()
         self._iter = _SamplerIterator(self)
         return self._iter
@@ -238,6 +246,25 @@ class ResumableSampler:
                 "HF Trainer) pass rank=0, world_size=1"
             )
         return loader
+
+    def _warn_same_order_on_every_rank(self) -> None:
+        """A ``UserWarning`` (once) for ``rank=0, world_size=1`` given in a job of several
+        ``torch.distributed`` processes outside an accelerate loader: every process then reads
+        the same indices (under Lightning with ``use_distributed_sampler=False``, identical
+        batches on every rank)."""
+        if self._warned or not self._ranks_given or self.world_size != 1:
+            return
+        _, world = _rank_world()
+        if world > 1:
+            self._warned = True
+            warnings.warn(
+                f"ResumableSampler(rank=0, world_size=1) in a job of {world} torch.distributed "
+                "processes: every process reads the same indices. Pass no rank/world_size (the "
+                "sampler then splits by torch.distributed rank), unless a wrapper splits its "
+                "batches (accelerate, where the sampler checks this itself)",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def _follow_epoch(self, loader: Any) -> None:
         """At an iterator's first index under an accelerate loader: start at the loader's epoch
@@ -267,15 +294,23 @@ class ResumableSampler:
             raise ValueError(f"epoch must be below 2**63, got {epoch}")
         self._follow_accelerate()
         it = self._iter
-        if it is not None and it.started and not self._loaded and it.begins(epoch):
-            # The newest iterator already yields this epoch from its beginning: a loader that
-            # started before this call goes on with it (torchdata's StatefulDataLoader makes
-            # its iterator in state_dict(), and its workers prefetch from the sampler at once:
-            # accelerate's prepare() does that); a new iterator starts the epoch over.
+        if (
+            it is not None
+            and it.started
+            and not self._loaded
+            and (it.begins(epoch) or it.from_load and it.begun["epoch"] == epoch)
+        ):
+            # The newest iterator already yields this epoch, from its beginning or from a
+            # position loaded in it: a loader that started before this call goes on with it
+            # (torchdata's StatefulDataLoader makes its iterator in state_dict() or, resuming,
+            # in iter(), and its workers prefetch from the sampler at once: accelerate's
+            # prepare() and Lightning's resume do that); a new iterator starts the epoch over.
             self._start, self._restart = self._raw.start(epoch, it.begun), True
             self._asked = epoch
             return
-        start = self._start_point()
+        # (an iterator not started yet follows what is set here, even one made after loading
+        # an epoch's end: Lightning resumes with iter(loader), then set_epoch(), then next())
+        start = self._start if it is not None and not it.started else self._start_point()
         if self._loaded:
             if start["epoch"] == epoch:
                 return  # (kept again by a second call: accelerate's loader makes two a pass)
@@ -373,6 +408,7 @@ class ResumableSampler:
         self._asked = d.get("asked")
         self._loads = 0
         self._restart = False
+        self._warned = False  # the same-order warning was given
         self._ranks_given = d.get("ranks_given", True)
 
     def __repr__(self) -> str:
@@ -383,16 +419,44 @@ class ResumableSampler:
         )
 
 
+def _refuse_lightning_wrapper(frame: Any) -> None:
+    """A ``ValueError`` when Lightning's ``DistributedSamplerWrapper`` is iterating the
+    sampler (``Trainer(use_distributed_sampler=True)``, its default under DDP, wraps any sampler
+    that is not a ``DistributedSampler``): it reads the whole epoch with ``list()`` and splits it
+    between ranks again, so a sampler split by rank read half the rows on 2 ranks, silently, and
+    the sampler's state is the epoch's end whatever was trained on (a resume in a later epoch
+    replayed epoch 0's order)."""
+    caller = frame.f_locals.get("self") if frame is not None else None
+    kind = type(caller)
+    if kind.__name__ != "_DatasetSamplerWrapper" or kind.__module__.split(".")[0] not in (
+        "lightning",
+        "lightning_fabric",
+        "pytorch_lightning",
+    ):
+        return
+    raise ValueError(
+        "Lightning's DistributedSamplerWrapper is iterating this ResumableSampler (the Trainer's "
+        "use_distributed_sampler=True, its default under DDP): it reads the sampler's whole "
+        "epoch and splits it between ranks again, so the sampler's position no longer says "
+        "what was trained on, and a sampler split by rank would read 1/world_size of its share. "
+        "Pass use_distributed_sampler=False to the Trainer: the sampler splits by "
+        "torch.distributed rank itself (its default), and its state rides in a "
+        "StatefulDataLoader's"
+    )
+
+
 class _SamplerIterator:
     """One pass of a ``ResumableSampler``: this rank's indices of one epoch, from the sampler's
     start point (taken at the first ``next()``)."""
 
-    __slots__ = ("_buf", "_k", "_owner", "_pos", "_run", "begun", "made")
+    __slots__ = ("_buf", "_k", "_owner", "_pos", "_run", "begun", "from_load", "made", "switched")
 
     def __init__(self, owner: ResumableSampler) -> None:
         self._owner = owner
         self.made = owner._loads  # the owner's loads before it was made
         self.begun: dict[str, Any] = {}  # the state it started from (at its first next())
+        self.from_load = False  # that state came from load_state_dict()
+        self.switched = False  # it left a loaded epoch's end for set_epoch()'s later epoch
         self._run: RawRun | None = None
         self._k = 0  # indices yielded (or skipped) since the run's start
         self._buf: list[int] = []  # indices computed ahead; _buf[_pos:] not yielded yet
@@ -430,11 +494,26 @@ class _SamplerIterator:
             loader = self._owner._follow_accelerate()
             if loader is not None:
                 self._owner._follow_epoch(loader)
-            self.begun = self._owner._start
-            self._run = self._owner._raw.run(self.begun)
-            self._owner._loaded = False
+            else:
+                self._owner._warn_same_order_on_every_rank()
+            owner = self._owner
+            start, asked, raw = owner._start, owner._asked, owner._raw
+            self.from_load = owner._loaded
+            if (
+                owner._loaded
+                and asked is not None
+                and asked > start["epoch"]
+                and not len(raw.run(start))
+            ):
+                # A state saved after an epoch's last batch, loaded after the loop's
+                # set_epoch() of a later epoch (torchdata loads it inside iter(loader)): that
+                # epoch, as a ParquetStream does.
+                start, self.switched = raw.start(asked, start), True
+            self.begun = start
+            self._run = raw.run(start)
+            owner._start, owner._loaded = start, False
             if len(self._run):  # (one made at a loaded epoch's end yields nothing: keep it)
-                self._owner._asked = None
+                owner._asked = None
         self._buf, self._pos = self._run.indices(self._k, _CHUNK), 0
         if not self._buf:
             raise StopIteration

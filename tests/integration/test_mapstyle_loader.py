@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -88,6 +89,8 @@ def test_the_epoch_loop_resumes_exactly_at_an_epoch_end(small, workers):
     ended = torch_roundtrip(dl.state_dict())
     assert run(at_last, 0, 3)[0] == [[], ref[1], ref[2]]
     assert run(ended, 1, 3)[0] == [ref[1], ref[2]]
+    # after the last batch, resumed at the next epoch: that epoch in full (as a stream's)
+    assert run(at_last, 1, 3)[0] == [ref[1], ref[2]]
 
 
 def test_stateful_loader_state_resumes_on_other_ranks(small):
@@ -211,3 +214,70 @@ def test_set_epoch_twice_keeps_a_loaded_position(small):
             for _ in range(calls):
                 t.set_epoch(epoch)
             assert head + list(t) == full, (epoch, calls)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("at", ["mid", "last"])
+def test_lightning_resume_order_load_iter_set_epoch_next(small, workers, at):
+    """Lightning resumes with ``loader.load_state_dict(s)``, ``iter(loader)``, then the
+    sampler's ``set_epoch(e)``, then ``next()`` (the guide's loop calls set_epoch first). A
+    mid-epoch state: ``set_epoch`` of its epoch dropped the iterator the loader was using
+    (workers had prefetched from it): ``RuntimeError`` stale. A state after an epoch's last
+    batch (0 workers): ``set_epoch(e + 1)`` dropped the loader's unstarted iterator: stale."""
+    ds = ParquetRows(small.root, columns=["id"], output="python")
+
+    def make():
+        s = ResumableSampler(ds, seed=11, rank=0, world_size=1)
+        return s, loader(ds, s, workers, batch=8)
+
+    s, dl = make()
+    s.set_epoch(0)
+    it = iter(dl)
+    n = len(dl)
+    k = 9 if at == "mid" else n
+    full0 = [ids_of([next(it)]) for _ in range(k)]
+    state = torch_roundtrip(dl.state_dict())
+    full0 += [ids_of([b]) for b in it]
+    s.set_epoch(1)
+    full1 = [ids_of([b]) for b in dl]
+    s2, dl2 = make()
+    dl2.load_state_dict(state)
+    it2 = iter(dl2)
+    epoch = 0 if at == "mid" else 1
+    s2.set_epoch(epoch)
+    got = [ids_of([b]) for b in it2]
+    want = full0[k:] if at == "mid" else full1
+    if at == "last" and workers:
+        # (the workers prefetched from the loaded end of epoch 0 before set_epoch(1): that
+        # pass is empty, the limitation trainers.md states; the next pass is epoch 1's)
+        assert got == []
+        return
+    assert got == want and len(want) > 0
+
+
+def test_lightning_distributed_sampler_wrapper_is_refused():
+    """Lightning's ``DistributedSamplerWrapper`` (``use_distributed_sampler=True``, the DDP
+    default) reads the sampler's whole epoch and splits it again: with a sampler split by
+    rank half the rows were never read (2 ranks), silently; with one order, the sampler's
+    state is the epoch's end whatever was trained on."""
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    for rank, world in ((0, 2), (0, 1)):
+        wrapped = DistributedSamplerWrapper(
+            ResumableSampler(100, seed=1, rank=rank, world_size=world), num_replicas=2, rank=0
+        )
+        with pytest.raises(ValueError, match="use_distributed_sampler=False"):
+            list(wrapped)
+
+
+def test_one_order_on_several_ranks_outside_accelerate_warns(monkeypatch):
+    """``rank=0, world_size=1`` in a job of several processes (here ``WORLD_SIZE=2``), outside
+    an accelerate loader: every process reads the same indices (Lightning with
+    ``use_distributed_sampler=False``: identical batches on every rank), so a warning."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    s = ResumableSampler(10, seed=1, rank=0, world_size=1)
+    with pytest.warns(UserWarning, match="every process reads the same indices"):
+        assert sorted(s) == list(range(10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(ResumableSampler(10, seed=1))  # default ranks: 0 of 2, no warning
