@@ -100,8 +100,9 @@ class Wrapper:
         return 0, 1
 
 
-def _loader_of(dataset: Any) -> tuple[Any, bool, int] | None:
-    """``(accelerate loader, dispatches, num_processes)`` iterating ``dataset`` right now.
+def _iterating() -> tuple[Any, list[Any]] | None:
+    """``(accelerate.data_loader, the prepared loaders being iterated)``, or ``None`` when
+    accelerate is not imported or has no state yet (nothing to cooperate with).
 
     accelerate's ``GradientState`` lists the prepared loaders being iterated; a loader is added
     before it creates its iterator, so DataLoader workers forked then see it too.
@@ -114,6 +115,15 @@ def _loader_of(dataset: Any) -> tuple[Any, bool, int] | None:
         refs = state_mod.GradientState().dataloader_references
     except Exception:  # an accelerate whose GradientState differs: nothing to cooperate with
         return None
+    return loader_mod, list(refs)
+
+
+def _loader_of(dataset: Any) -> tuple[Any, bool, int] | None:
+    """``(accelerate loader, dispatches, num_processes)`` iterating ``dataset`` right now."""
+    found = _iterating()
+    if found is None:
+        return None
+    loader_mod, refs = found
     for dl in refs:
         inner = getattr(getattr(dl, "base_dataloader", None), "dataset", None)
         if inner is None:
@@ -185,14 +195,10 @@ def sampler_loader(sampler: Any) -> tuple[Any, int] | None:
     sampler is found by following ``batch_sampler``/``sampler`` from the loader (through
     ``SkipBatchSampler``, which a resume's ``skip_first_batches`` adds).
     """
-    state_mod = sys.modules.get("accelerate.state")
-    loader_mod = sys.modules.get("accelerate.data_loader")
-    if state_mod is None or loader_mod is None or not state_mod.GradientState._shared_state:
+    found = _iterating()
+    if found is None:
         return None
-    try:
-        refs = state_mod.GradientState().dataloader_references
-    except Exception:  # an accelerate whose GradientState differs: nothing to cooperate with
-        return None
+    loader_mod, refs = found
     for dl in refs:
         if dl is None:
             continue
