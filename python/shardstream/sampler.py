@@ -134,8 +134,8 @@ class ResumableSampler:
                 ) from None
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together (or neither)")
-        # Ranks taken from torch.distributed are dropped under an accelerate loader, which
-        # splits the sampler's order between processes itself; given ones are checked there.
+        # (whether rank/world_size were given: the refusal under an accelerate loader, which
+        # splits the order itself, says where they came from; given 0 of 1 may warn)
         self._ranks_given = rank is not None
         if rank is None or world_size is None:
             rank, world_size = _rank_world()
