@@ -107,12 +107,7 @@ def replaces_unstarted_after_load(dataset: Any) -> bool:
     dataset then starts a new pass when its loaded position has ended, as with workers.
     """
     it = dataset._iter
-    return (
-        it is not None
-        and not it.started
-        and dataset._loaded
-        and it.made == dataset._loads
-    )
+    return it is not None and not it.started and dataset._loaded and it.made == dataset._loads
 
 
 def make_iterator(owner: Any, conv: Any, batched: bool) -> StreamIterator:
