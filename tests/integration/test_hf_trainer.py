@@ -177,6 +177,21 @@ def _run(
     )
 
 
+def _at_27(name: str, tmp_path, **kw) -> list[dict]:
+    """Run ``name`` (2 processes) and ``{name}-resumed`` from its checkpoint at step 27."""
+    return [
+        _run(name, tmp_path / name, steps=STEPS[2], **kw),
+        _run(
+            f"{name}-resumed",
+            tmp_path / f"{name}-r",
+            resume=tmp_path / name,
+            steps=STEPS[2],
+            ckpt=3 * SAVE_AT,
+            **kw,
+        ),
+    ]
+
+
 # ------------------------------------------------------------------------------------ tests
 
 
@@ -204,44 +219,14 @@ def test_hf_trainer_resume(rows, shard_factory, tmp_path):
             # The recipe for runs longer than an epoch: one endless pass, resumed in data epoch
             # 1 (26 steps an epoch). The Trainer counts an iterable's epochs by max_steps, so
             # with epochs=1 it would skip past the end of the first pass and start another.
-            _run("endless", tmp_path / "end2", steps=STEPS[2], epochs=None),
-            _run(
-                "endless-resumed",
-                tmp_path / "end2r",
-                resume=tmp_path / "end2",
-                steps=STEPS[2],
-                epochs=None,
-                ckpt=3 * SAVE_AT,
-            ),
+            *_at_27("endless", tmp_path, epochs=None),
             # The same recipe for a Mixture (samples=None): at step 27 source b is in its
             # third epoch.
-            _run("mix", tmp_path / "mix2", steps=STEPS[2], epochs=None, kind="mixture"),
-            _run(
-                "mix-resumed",
-                tmp_path / "mix2r",
-                resume=tmp_path / "mix2",
-                steps=STEPS[2],
-                epochs=None,
-                ckpt=3 * SAVE_AT,
-                kind="mixture",
-            ),
+            *_at_27("mix", tmp_path, epochs=None, kind="mixture"),
             # Map-style: ParquetRows with the Trainer's own sampler, and with a
             # ResumableSampler; resumed at step 27, in the second epoch.
-            *(
-                r
-                for kind in ("rows", "rows-sampler")
-                for r in (
-                    _run(kind, tmp_path / kind, steps=STEPS[2], kind=kind),
-                    _run(
-                        f"{kind}-resumed",
-                        tmp_path / f"{kind}-r",
-                        resume=tmp_path / kind,
-                        steps=STEPS[2],
-                        ckpt=3 * SAVE_AT,
-                        kind=kind,
-                    ),
-                )
-            ),
+            *_at_27("rows", tmp_path, kind="rows"),
+            *_at_27("rows-sampler", tmp_path, kind="rows-sampler"),
         ],
     )
     one = run_job(
