@@ -6,7 +6,8 @@
     ``readahead_threads=0`` and default, and sources shuffling with 1,000-row buffers against
     one stream shuffling with 1,000 and with K x 1,000 (as many buffered rows as the mixture).
     Reported apart: the per-row cost (CPU and wall time per row after the first batch) and the
-    fixed cost (open + first batch). Target: < 5% more per row.
+    fixed cost (open + first batch). Target: < 5% more per row. The consumer counts rows, or
+    with ``--consume copy`` copies every batch's tokens out (arrow rows only), as a job does.
 (b) Resume time vs position: ``load_state_dict`` + first batch at 1% / 50% / 99% of the
     mixture (flat: nothing before the position is read).
 (c) State size vs number of sources (pickled ``state_dict()``, no shuffle buffer).
@@ -135,6 +136,36 @@ def _count(item: Any) -> int:
     return sum(len(v["id"]) for v in item.values())  # by_source
 
 
+class _Copy:
+    """``--consume copy``: the consumer copies every batch's ``tokens`` values into one buffer
+    it reuses (as a copy into pinned memory or a device's staging buffer does), so the one
+    stream's zero-copy batches are read as a job reads them, not only counted. Arrow output
+    (``mixed`` batches and ``by_source``'s per-source batches). ``values``: the values copied,
+    the same for the mixture and the one stream over the same rows (checked)."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.np = np
+        self.buf = np.empty(1 << 20, dtype=np.int32)
+        self.values = 0
+
+    def _copy(self, batch: Any) -> int:
+        flat = batch.column("tokens").flatten()  # this batch's values (`.values` ignores a slice)
+        n = flat.offset + len(flat)
+        a = self.np.frombuffer(flat.buffers()[1], dtype=self.np.int32, count=n)
+        if len(flat) > len(self.buf):
+            self.buf = self.np.empty(len(flat), dtype=self.np.int32)
+        self.np.copyto(self.buf[: len(flat)], a[flat.offset :])
+        self.values += len(flat)
+        return batch.num_rows
+
+    def __call__(self, item: Any) -> int:
+        if isinstance(item, dict):  # by_source
+            return sum(self._copy(b) for b in item.values())
+        return self._copy(item)
+
+
 # ------------------------------------------------------------------ children
 
 
@@ -176,7 +207,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     dirs = spec["dirs"]
     if kind in ("mix", "single"):
         make = mixture if kind == "mix" else single
-        return two_passes(lambda: make(dirs, spec), _count)
+        if spec.get("consume") != "copy":
+            return two_passes(lambda: make(dirs, spec), _count)
+        copy = _Copy()
+        return dict(two_passes(lambda: make(dirs, spec), copy), values=copy.values)
     if kind == "resume":
         from shardstream.cli.bench import time_resume
 
@@ -372,6 +406,14 @@ def main() -> int:
         "mixer's per-row cost weighs most; 64,512 is make bench's tokens workload)",
     )
     p.add_argument(
+        "--consume",
+        choices=("count", "copy"),
+        default="count",
+        help="what (a)'s consumer does with a batch: count its rows (default), or copy its tokens "
+        "into a buffer it reuses, as a job's copy to pinned/device memory reads them (arrow "
+        "output only: the torch rows are left out)",
+    )
+    p.add_argument(
         "--callgrind", action="store_true", help="only (e): instructions per row under callgrind"
     )
     p.add_argument("--cg-out", default=None, help="with --callgrind: keep callgrind's outputs here")
@@ -400,11 +442,12 @@ def main() -> int:
         "rows": args.rows,
         "batch": args.batch,
         "tokens_len": list(args.tokens_len),
+        "consume": args.consume,
         "load_start": benchlib.load1(),
     }
     print(
         f"# mixture benchmarks: {args.rows:,} rows of {args.tokens_len[0]}..{args.tokens_len[1]} "
-        f"tokens, batch {args.batch}, {args.runs} run(s) each, "
+        f"tokens, batch {args.batch}, {args.runs} run(s) each, consumer: {args.consume}, "
         f"1-min load at start {results['load_start']:.1f} (cpus {os.cpu_count()})"
     )
 
@@ -430,14 +473,18 @@ def main() -> int:
             ("arrow", "mixed", 1000, None, 1000),
             ("arrow", "mixed", 1000, None, 1000 * k),
         ):
+            if args.consume == "copy" and output != "arrow":
+                continue
             base = dict(dirs=dirs, batch=args.batch, output=output, shuffle=shuffle)
             base["threads"] = threads
+            base["consume"] = args.consume
             specs = [
                 dict(base, kind="single", shuffle=one_shuffle),
                 dict(base, kind="mix", combine=combine),
             ]
             one, mixed = runs_of(specs, args.runs)
             assert {r["rows"] for r in one} == {r["rows"] for r in mixed}, (one, mixed)
+            assert {r.get("values") for r in one} == {r.get("values") for r in mixed}, "copied"
 
             def ratio(key: str, one: list = one, mixed: list = mixed) -> str:
                 r = [m[key] / o[key] for m, o in zip(mixed, one, strict=True)]
