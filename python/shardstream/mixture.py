@@ -197,8 +197,9 @@ class Mixture(_Base):  # type: ignore[misc,valid-type]
         rank, world_size: as in ``ParquetStream``.
         output, list_format: as in ``ParquetStream``.
         combine: batch layout: ``"mixed"`` (one batch in mixing order: the columns every source
-            has, plus the tag column) or ``"by_source"`` (``{name: that source's rows of the
-            batch}``, each with its own columns; sources without rows in it are left out).
+            has, plus the tag column; each row's values are copied once into it) or
+            ``"by_source"`` (``{name: that source's rows of the batch}``, each with its own
+            columns, as the sources decoded them; sources without rows in it are left out).
         source_column: name of the tag column (int32 index into :attr:`source_names`), or
             ``None`` for none.
         pack: a :class:`shardstream.Pack`: pack the mixture's documents *after mixing* (the
