@@ -177,6 +177,19 @@ def run_forked(target: Any, spec: dict, preload: Sequence[str], timeout: float =
     return out
 
 
+def runs_interleaved(
+    target: Any, specs: Sequence[dict], runs: int, preload: Sequence[str]
+) -> list[list[dict]]:
+    """Every spec ``runs`` times through :func:`run_forked`, interleaved (spec 1, spec 2, ...,
+    spec 1, ...), so a change in the machine's load falls on every spec alike: one list of
+    results per spec, in ``specs``' order."""
+    out: list[list[dict]] = [[] for _ in specs]
+    for _ in range(runs):
+        for i, s in enumerate(specs):
+            out[i].append(run_forked(target, s, preload))
+    return out
+
+
 def busy_core_available() -> bool:
     return hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
 

@@ -83,17 +83,16 @@ def main() -> int:
     root = args.data or tempfile.mkdtemp(prefix="shardstream-convert-bench-")
     data = mix.make_data(root, args.rows, 1, args.tokens_len)[0]
     batches = [int(b) for b in args.batches.split(",")]
-    specs = [{"data": data, "batch": b, "output": o} for b in batches for o in OUTPUTS]
+    specs = [
+        {"kind": "convert", "data": data, "batch": b, "output": o} for b in batches for o in OUTPUTS
+    ]
     print(
         f"# output conversion: {args.rows:,} rows of {args.tokens_len[0]}..{args.tokens_len[1]} "
         f"tokens, {args.runs} run(s) each, 1-min load at start {benchlib.load1():.1f} "
         f"(cpus {os.cpu_count()})",
         flush=True,
     )
-    runs: list[list[dict[str, Any]]] = [[] for _ in specs]
-    for _ in range(args.runs):
-        for i, s in enumerate(specs):
-            runs[i].append(benchlib.run_forked(child, s, PRELOAD))
+    runs = benchlib.runs_interleaved(child, specs, args.runs, PRELOAD)
     med = {
         (s["batch"], s["output"]): benchlib.summary([r["row_cpu_ns"] for r in rs])["median"]
         for s, rs in zip(specs, runs, strict=True)

@@ -104,10 +104,7 @@ def main() -> int:
         f"{benchlib.load1():.1f} (cpus {os.cpu_count()})",
         flush=True,
     )
-    runs: list[list[dict[str, Any]]] = [[] for _ in specs]
-    for _ in range(args.runs):
-        for i, s in enumerate(specs):
-            runs[i].append(benchlib.run_forked(child, s, PRELOAD))
+    runs = benchlib.runs_interleaved(child, specs, args.runs, PRELOAD)
     table = []
     for s, rs in zip(specs, runs, strict=True):
         base = next(

@@ -381,12 +381,8 @@ def section_callgrind(root: str, args: Any, ks: list[int]) -> list[dict[str, Any
 
 
 def runs_of(specs: list[dict[str, Any]], runs: int) -> list[list[dict[str, Any]]]:
-    """Every spec ``runs`` times, interleaved (spec 1, spec 2, ..., spec 1, ...)."""
-    out: list[list[dict[str, Any]]] = [[] for _ in specs]
-    for _ in range(runs):
-        for i, s in enumerate(specs):
-            out[i].append(benchlib.run_forked(child, s, PRELOAD))
-    return out
+    """Every spec ``runs`` times, interleaved (``benchlib.runs_interleaved``)."""
+    return benchlib.runs_interleaved(child, specs, runs, PRELOAD)
 
 
 def main() -> int:

@@ -420,12 +420,8 @@ def available(mod: str) -> str | None:
 
 
 def runs_of(specs: list[dict], runs: int) -> list[list[dict]]:
-    """Every spec ``runs`` times, interleaved (spec 1, spec 2, ..., spec 1, ...)."""
-    out: list[list[dict]] = [[] for _ in specs]
-    for _ in range(runs):
-        for i, s in enumerate(specs):
-            out[i].append(benchlib.run_forked(child, s, PRELOAD))
-    return out
+    """Every spec ``runs`` times, interleaved (``benchlib.runs_interleaved``)."""
+    return benchlib.runs_interleaved(child, specs, runs, PRELOAD)
 
 
 def med(runs: list[dict], f: Any) -> float:
